@@ -1,0 +1,187 @@
+"""What a handler sees of its run: :class:`RunContext`."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from uuid import UUID
+
+import psycopg
+import psycopg_pool
+
+from runlane.models import ClaimedRun
+from runlane.outcomes import BudgetExceeded, LeaseLost, RunCancelled, ShutdownRequested
+from runlane.store import RunStore
+
+T = TypeVar("T")
+
+# Errors after which a write may succeed if tried again (server restart,
+# broken connection, pool exhausted while reconnecting).
+TRANSIENT_ERRORS = (psycopg.OperationalError, psycopg_pool.PoolTimeout, TimeoutError)
+
+
+class LeaseClock:
+    """How long this worker may still act on a lease, by the local monotonic
+    clock. Renewals move it forward; the watchdog stops the run's work once
+    ``abandon_at`` passes, before the database could let the lease expire."""
+
+    # Stop work when this share of the lease has gone by without a renewal.
+    ABANDON_SHARE = 0.8
+
+    def __init__(self, lease_seconds: float) -> None:
+        self.lease_seconds = lease_seconds
+        self.abandon_at = 0.0
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal (or the claim) sent at ``sent_at`` succeeded. The database
+        computed its expiry after that instant, so this errs on the safe side."""
+        self.abandon_at = max(self.abandon_at, sent_at + self.lease_seconds * self.ABANDON_SHARE)
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.abandon_at
+
+
+class RunContext:
+    """The handler's view of one attempt of one run.
+
+    Every write goes through the store fenced by this attempt's lease token:
+    when another attempt has taken over, the write changes nothing and
+    :class:`LeaseLost` is raised here.
+    """
+
+    def __init__(self, claimed: ClaimedRun, store: RunStore, lease: LeaseClock) -> None:
+        run = claimed.run
+        self.run_id: UUID = run.id
+        self.agent = run.agent
+        self.tenant = run.tenant
+        self.thread_id = run.thread_id
+        self.input: Any = run.input
+        self.attempt: int = run.attempts
+        self.max_attempts: int = run.max_attempts
+        self.checkpoint: Any = run.checkpoint
+        self.metadata: dict[str, Any] = run.metadata
+        self.budget: dict[str, Any] = run.budget
+        self.resume_value: Any = None
+        self.lease_token: UUID = claimed.lease_token
+        self._store = store
+        self._lease = lease
+        self._deadline: float | None = (
+            time.monotonic() + claimed.deadline_in_seconds
+            if claimed.deadline_in_seconds is not None
+            else None
+        )
+        self._cancel_requested = asyncio.Event()
+        self._shutdown_requested = False
+        self._lease_lost = False
+
+    # -- signals from the worker -------------------------------------------
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested.is_set()
+
+    async def wait_cancel_requested(self) -> None:
+        """Returns once a cancel request reaches this run."""
+        await self._cancel_requested.wait()
+
+    def mark_cancel_requested(self) -> bool:
+        """Returns True the first time."""
+        if self._cancel_requested.is_set():
+            return False
+        self._cancel_requested.set()
+        return True
+
+    def mark_shutdown_requested(self) -> None:
+        self._shutdown_requested = True
+
+    def mark_lease_lost(self) -> None:
+        self._lease_lost = True
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._lease_lost
+
+    @property
+    def seconds_left(self) -> float | None:
+        """Seconds until the budget deadline, None without one."""
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    # -- the handler's API ---------------------------------------------------
+
+    async def safe_point(self) -> None:
+        """Raises if the run must stop here: its lease is lost, a cancel was
+        requested, its deadline passed, or the worker is shutting down."""
+        if self._lease_lost:
+            raise LeaseLost(f"run {self.run_id}: lease lost")
+        if self._cancel_requested.is_set():
+            raise RunCancelled(f"run {self.run_id}: cancel requested")
+        left = self.seconds_left
+        if left is not None and left <= 0:
+            raise BudgetExceeded("max_seconds")
+        if self._shutdown_requested:
+            raise ShutdownRequested(f"run {self.run_id}: worker shutting down")
+
+    async def emit(self, kind: str, data: Any = None) -> int:
+        """Appends an event to the run's stream; returns its seq."""
+        seq = await self._fenced(
+            lambda: self._store.append_event(self.run_id, self.lease_token, kind, data or {})
+        )
+        if seq is None:
+            self._lost()
+        assert seq is not None
+        return seq
+
+    async def save_checkpoint(self, checkpoint: Any) -> None:
+        """Stores state that a later attempt of this run starts from."""
+        saved = await self._fenced(
+            lambda: self._store.save_checkpoint(self.run_id, self.lease_token, checkpoint)
+        )
+        if not saved:
+            self._lost()
+        self.checkpoint = checkpoint
+
+    async def once(self, key: str, effect: Callable[[], Awaitable[T] | T]) -> T:
+        """Runs ``effect`` unless this run already recorded a result under
+        ``key``, and records its (JSON) result.
+
+        At-least-once at the boundary: a process that dies after the effect
+        but before the record commits runs it again on the next attempt.
+        Pass ``f"{ctx.run_id}:{key}"`` to an external API as its idempotency
+        key to close that gap.
+        """
+        found, recorded = await self._fenced(lambda: self._store.get_effect(self.run_id, key))
+        if found:
+            return recorded  # type: ignore[no-any-return]
+        await self.safe_point()
+        value = effect()
+        result = await value if inspect.isawaitable(value) else value
+        owned, recorded = await self._fenced(
+            lambda: self._store.record_effect(self.run_id, self.lease_token, key, result)
+        )
+        if not owned:
+            self._lost()
+        return recorded  # type: ignore[no-any-return]
+
+    # -- internals -----------------------------------------------------------
+
+    def _lost(self) -> None:
+        self._lease_lost = True
+        raise LeaseLost(f"run {self.run_id}: lease lost")
+
+    async def _fenced(self, write: Callable[[], Awaitable[T]]) -> T:
+        """Runs a store call, retrying transient database errors while the
+        lease can still be held; past that the run's work must stop anyway."""
+        delay = 0.05
+        while True:
+            if self._lease_lost:
+                raise LeaseLost(f"run {self.run_id}: lease lost")
+            try:
+                return await write()
+            except TRANSIENT_ERRORS:
+                if self._lease.expired():
+                    self._lost()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)

@@ -1,0 +1,51 @@
+"""Where the database is, and connections to it."""
+
+from __future__ import annotations
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from runlane.embedded import EmbeddedPostgres
+from runlane.migrations import migrate
+from runlane.settings import Settings
+
+
+def embedded_server(settings: Settings) -> EmbeddedPostgres:
+    return EmbeddedPostgres(settings.data_dir / "pgdata")
+
+
+def resolve_database_url(settings: Settings, *, apply_migrations: bool = True) -> str:
+    """The configured URL, or the embedded server's (started on demand).
+
+    Applies pending migrations unless told not to: every command that needs
+    the schema brings it up to date on start-up.
+    """
+    url = settings.database_url or embedded_server(settings).start()
+    if apply_migrations:
+        migrate(url)
+    return url
+
+
+async def _configure(conn: AsyncConnection[DictRow]) -> None:
+    # Autocommit by default: every store call is one statement or opens an
+    # explicit short transaction.
+    await conn.set_autocommit(True)
+
+
+def create_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10
+) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
+    """A connection pool (not yet opened) whose rows are dicts."""
+    return AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        kwargs={"row_factory": dict_row},
+        configure=_configure,
+        # A connection that broke while idle (e.g. the server restarted) is
+        # found and replaced before it is handed out.
+        check=AsyncConnectionPool.check_connection,
+        connection_class=AsyncConnection[DictRow],
+    )

@@ -1,0 +1,185 @@
+"""One attempt of one run inside a worker: call the handler, stop it when
+told to, and write its outcome fenced by the lease token."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import traceback
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from runlane.context import TRANSIENT_ERRORS, LeaseClock, RunContext
+from runlane.models import ClaimedRun, Outcome, Run
+from runlane.outcomes import (
+    BudgetExceeded,
+    Fail,
+    LeaseLost,
+    Retry,
+    RunCancelled,
+    ShutdownRequested,
+)
+from runlane.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[RunContext], Coroutine[Any, Any, Any]]
+
+
+class StopReason(enum.StrEnum):
+    """Why the worker stopped a handler's task from outside."""
+
+    LEASE_LOST = "lease_lost"
+    CANCELLED = "cancelled"
+    SHUTDOWN = "shutdown"
+
+
+class Execution:
+    """A claimed run being worked on by this process."""
+
+    def __init__(
+        self,
+        claimed: ClaimedRun,
+        handler: Handler | None,
+        store: RunStore,
+        *,
+        lease_seconds: float,
+        claim_sent_at: float,
+    ) -> None:
+        self.claimed = claimed
+        self.run_id = claimed.run.id
+        self.lease = LeaseClock(lease_seconds)
+        self.lease.renewed(claim_sent_at)
+        self.context = RunContext(claimed, store, self.lease)
+        self._handler = handler
+        self._store = store
+        self._handler_task: asyncio.Task[Any] | None = None
+        self.stop_reason: StopReason | None = None
+        self.final: Run | None = None
+
+    @property
+    def lease_token(self) -> Any:
+        return self.claimed.lease_token
+
+    def stop(self, reason: StopReason) -> None:
+        """Stops the handler's work now (it sees CancelledError)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if reason is StopReason.LEASE_LOST:
+            self.context.mark_lease_lost()
+        if self._handler_task is not None and not self._handler_task.done():
+            self._handler_task.cancel(msg=f"runlane: {reason}")
+
+    async def run(self) -> None:
+        """Runs the attempt to its end; never raises for the handler's sake."""
+        run = self.claimed.run
+        if self._handler is None:
+            await self._finish(
+                Outcome.FAILED,
+                error={"code": "unknown_agent", "message": f"no agent named {run.agent!r}"},
+            )
+            return
+        self._handler_task = asyncio.create_task(
+            self._handler(self.context), name=f"runlane-run-{run.id}"
+        )
+        try:
+            result = await asyncio.shield(self._handler_task)
+        except asyncio.CancelledError:
+            if self._handler_task.cancelled() and self.stop_reason is not None:
+                await self._after_stop()
+                return
+            # This task itself was cancelled (the event loop is going away):
+            # stop the handler too; the lease will expire and be reaped.
+            self._handler_task.cancel()
+            raise
+        except Retry as exc:
+            await self._finish(
+                Outcome.RETRY,
+                error={"code": "retry_requested", "message": str(exc)},
+                retry_delay_seconds=exc.delay,
+            )
+        except Fail as exc:
+            await self._finish(Outcome.FAILED, error={"code": exc.code, "message": exc.message})
+        except RunCancelled:
+            await self._finish(Outcome.CANCELLED)
+        except BudgetExceeded as exc:
+            await self._finish(
+                Outcome.FAILED,
+                error={"code": "budget_exceeded", "message": f"budget exceeded: {exc.what}"},
+            )
+        except ShutdownRequested:
+            await self._finish(
+                Outcome.RELEASED,
+                error={"code": "released", "message": "worker shut down at a safe point"},
+            )
+        except LeaseLost:
+            logger.warning("run %s: lease lost; its work stopped", run.id)
+        except Exception as exc:
+            await self._finish(Outcome.RETRY, error=_exception_error(exc))
+        else:
+            try:
+                json.dumps(result)
+            except (TypeError, ValueError) as exc:
+                await self._finish(
+                    Outcome.FAILED,
+                    error={"code": "invalid_output", "message": f"output is not JSON: {exc}"},
+                )
+            else:
+                await self._finish(Outcome.COMPLETED, output=result)
+
+    async def _after_stop(self) -> None:
+        if self.stop_reason is StopReason.LEASE_LOST:
+            logger.warning("run %s: lease could not be renewed; its work stopped", self.run_id)
+        elif self.stop_reason is StopReason.CANCELLED:
+            await self._finish(Outcome.CANCELLED)
+        elif self.stop_reason is StopReason.SHUTDOWN:
+            await self._finish(
+                Outcome.RELEASED,
+                error={"code": "released", "message": "worker shut down; grace period over"},
+            )
+
+    async def _finish(
+        self,
+        outcome: Outcome,
+        *,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+        retry_delay_seconds: float | None = None,
+    ) -> None:
+        """Writes the outcome, retrying transient errors while the lease lasts."""
+        delay = 0.05
+        while not self.context.lease_lost:
+            try:
+                self.final = await self._store.finish_attempt(
+                    self.run_id,
+                    self.lease_token,
+                    outcome,
+                    output=output,
+                    error=error,
+                    retry_delay_seconds=retry_delay_seconds,
+                )
+            except TRANSIENT_ERRORS as exc:
+                if self.lease.expired():
+                    break
+                logger.warning(
+                    "run %s: writing %s failed (%s); retrying", self.run_id, outcome, exc
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            if self.final is None:
+                logger.warning("run %s: lease lost before %s was recorded", self.run_id, outcome)
+                self.context.mark_lease_lost()
+            return
+        logger.warning("run %s: lease ran out before %s was recorded", self.run_id, outcome)
+
+
+def _exception_error(exc: BaseException) -> dict[str, Any]:
+    return {
+        "code": "exception",
+        "type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+    }

@@ -1,0 +1,107 @@
+"""Lease renewal and the local watchdog of a worker.
+
+One statement per tick renews every lease the worker holds; its answer says
+which leases are lost and which runs have a cancel request (DESIGN.md §4).
+The watchdog stops a run's work when its lease could not be renewed in time,
+by the local monotonic clock, before the database can let it expire
+(DESIGN.md §3.4). A failed renewal is retried quickly and kills nothing by
+itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from uuid import UUID
+
+from runlane.context import TRANSIENT_ERRORS
+from runlane.execution import Execution, StopReason
+from runlane.models import RunStatus
+from runlane.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        store: RunStore,
+        executions: Mapping[UUID, Execution],
+        *,
+        lease_seconds: float,
+        interval_seconds: float,
+        on_cancel_requested: Callable[[Execution], None],
+    ) -> None:
+        self._store = store
+        self._executions = executions
+        self._lease_seconds = lease_seconds
+        self._interval = interval_seconds
+        self._on_cancel_requested = on_cancel_requested
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ticks = 0
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._renew_loop(), name="runlane-heartbeat"),
+            asyncio.create_task(self._watchdog_loop(), name="runlane-watchdog"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def renew(self) -> None:
+        """One tick: renews every held lease in one statement."""
+        held = [e for e in self._executions.values() if not e.context.lease_lost]
+        if not held:
+            return
+        sent_at = time.monotonic()
+        alive = await asyncio.wait_for(
+            self._store.renew_leases(
+                [(e.run_id, e.lease_token) for e in held], lease_seconds=self._lease_seconds
+            ),
+            timeout=self._interval,
+        )
+        self.ticks += 1
+        for execution in held:
+            status = alive.get(execution.run_id)
+            if status is None:
+                if execution.final is None:
+                    logger.warning(
+                        "run %s: lease lost (another owner, or expired)", execution.run_id
+                    )
+                    execution.stop(StopReason.LEASE_LOST)
+                continue
+            execution.lease.renewed(sent_at)
+            if status is RunStatus.CANCEL_REQUESTED:
+                self._on_cancel_requested(execution)
+
+    async def _renew_loop(self) -> None:
+        # After a failure, try again soon: the lease is still good for a while.
+        retry_after = min(1.0, self._interval / 3)
+        while True:
+            try:
+                await self.renew()
+            except TRANSIENT_ERRORS as exc:
+                logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, retry_after)
+                await asyncio.sleep(retry_after)
+                continue
+            await asyncio.sleep(self._interval)
+
+    async def _watchdog_loop(self) -> None:
+        period = min(0.25, self._lease_seconds / 20)
+        while True:
+            for execution in list(self._executions.values()):
+                if not execution.context.lease_lost and execution.lease.expired():
+                    logger.warning(
+                        "run %s: lease not renewed in time; stopping its work", execution.run_id
+                    )
+                    execution.stop(StopReason.LEASE_LOST)
+            await asyncio.sleep(period)

@@ -1,0 +1,157 @@
+"""The run queue's records, as read from PostgreSQL."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+class RunStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    CANCEL_REQUESTED = "cancel_requested"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+    @property
+    def is_leased(self) -> bool:
+        return self in (RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED)
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        RunStatus.COMPLETED,
+        RunStatus.FAILED,
+        RunStatus.DEAD,
+        RunStatus.CANCELLED,
+        RunStatus.INTERRUPTED,
+    }
+)
+
+
+class Outcome(enum.StrEnum):
+    """How an attempt ended (run_attempts.outcome)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RETRY = "retry"
+    RELEASED = "released"
+    LEASE_EXPIRED = "lease_expired"
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    id: UUID
+    tenant: str
+    thread_id: str | None
+    agent: str
+    status: RunStatus
+    input: Any
+    output: Any
+    error: dict[str, Any] | None
+    priority: int
+    available_at: datetime
+    attempts: int
+    max_attempts: int
+    budget: dict[str, Any]
+    deadline_at: datetime | None
+    idempotency_key: str | None
+    metadata: dict[str, Any]
+    checkpoint: Any
+    lease_token: UUID | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    last_event_seq: int
+    cancel_requested_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Run:
+        return cls(
+            id=row["id"],
+            tenant=row["tenant"],
+            thread_id=row["thread_id"],
+            agent=row["agent"],
+            status=RunStatus(row["status"]),
+            input=row["input"],
+            output=row["output"],
+            error=row["error"],
+            priority=row["priority"],
+            available_at=row["available_at"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            budget=row["budget"],
+            deadline_at=row["deadline_at"],
+            idempotency_key=row["idempotency_key"],
+            metadata=row["metadata"],
+            checkpoint=row["checkpoint"],
+            lease_token=row["lease_token"],
+            lease_expires_at=row["lease_expires_at"],
+            worker_id=row["worker_id"],
+            last_event_seq=row["last_event_seq"],
+            cancel_requested_at=row["cancel_requested_at"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """A run this worker just claimed, with its lease."""
+
+    run: Run
+    lease_token: UUID
+    # Seconds left until the run's budget deadline, by the database clock.
+    deadline_in_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    run_id: UUID
+    attempt: int
+    worker_id: str
+    lease_token: UUID
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    error: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Attempt:
+        return cls(**{name: row[name] for name in cls.__slots__})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    run_id: UUID
+    seq: int
+    kind: str
+    data: Any
+    attempt: int | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Event:
+        return cls(**{name: row[name] for name in cls.__slots__})
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """One held lease as the heartbeat saw it."""
+
+    run_id: UUID
+    status: RunStatus

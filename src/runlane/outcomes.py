@@ -1,0 +1,52 @@
+"""Exceptions that end an attempt.
+
+A handler raises :class:`Retry` or :class:`Fail` on purpose. The others are
+raised *into* a handler by :meth:`RunContext.safe_point` (and the fenced
+writes) to stop its work; a handler should let them propagate.
+"""
+
+from __future__ import annotations
+
+
+class Retry(Exception):
+    """Ask for another attempt, after ``delay`` seconds (default: backoff)."""
+
+    def __init__(self, message: str = "retry requested", *, delay: float | None = None) -> None:
+        super().__init__(message)
+        if delay is not None and delay < 0:
+            raise ValueError("delay must be >= 0")
+        self.delay = delay
+
+
+class Fail(Exception):
+    """End the run ``failed`` with a code; never retried."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+
+
+class StopRun(BaseException):
+    """Base of the stop signals. A BaseException, so that a handler's broad
+    ``except Exception`` does not swallow a cancel or a lost lease."""
+
+
+class RunCancelled(StopRun):
+    """A cancel request reached the run."""
+
+
+class LeaseLost(StopRun):
+    """This worker no longer holds the run's lease: its writes are refused."""
+
+
+class BudgetExceeded(StopRun):
+    """The run's budget (deadline, turns) is spent."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class ShutdownRequested(StopRun):
+    """The worker is shutting down; the run is released for another worker."""

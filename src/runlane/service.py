@@ -1,0 +1,203 @@
+"""The service layer over the run queue: validation, errors, and the
+operations every adapter (CLI, HTTP API, dashboard) calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+from uuid import UUID
+
+from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge, RunFinished
+from runlane.models import Attempt, Event, Run, RunStatus
+from runlane.settings import Settings
+from runlane.store import NewRun, RunCursor, RunStore
+
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_BUDGET_KEYS = {"max_seconds", "max_turns"}
+MAX_PRIORITY = 1000
+MAX_ATTEMPTS_LIMIT = 100
+MAX_LIST_LIMIT = 500
+
+
+def parse_run_id(value: str | UUID) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(value)
+    except ValueError:
+        raise NotFound(f"no run {value!r}") from None
+
+
+class RunService:
+    def __init__(self, store: RunStore, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any,
+        *,
+        tenant: str = "default",
+        priority: int = 0,
+        delay_seconds: float = 0.0,
+        max_attempts: int | None = None,
+        budget: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> tuple[Run, bool]:
+        """Stores a pending run. Returns it and whether it is new: the same
+        idempotency key returns the run it first created."""
+        if not isinstance(agent, str) or not _AGENT_NAME.match(agent):
+            raise InvalidInput(
+                "agent must be 1-128 letters, digits, '_', '.', ':' or '-', "
+                "starting with a letter or digit"
+            )
+        self._check_input_size(input)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput("priority must be an integer")
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidInput(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}")
+        if not _finite_number(delay_seconds) or delay_seconds < 0:
+            raise InvalidInput("delay must be a number of seconds >= 0")
+        attempts = self.settings.max_attempts if max_attempts is None else max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise InvalidInput("max_attempts must be an integer")
+        if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+            raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        checked_budget = _check_budget(budget or {})
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 200
+        ):
+            raise InvalidInput("idempotency key must be 1-200 characters")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidInput("metadata must be a JSON object")
+        return await self.store.insert_run(
+            NewRun(
+                agent=agent,
+                input=input,
+                max_attempts=attempts,
+                tenant=tenant,
+                priority=priority,
+                delay_seconds=float(delay_seconds),
+                budget=checked_budget,
+                idempotency_key=idempotency_key,
+                metadata=metadata,
+            )
+        )
+
+    async def get(self, run_id: str | UUID, *, tenant: str | None = None) -> Run:
+        parsed = parse_run_id(run_id)
+        run = await self.store.get_run(parsed)
+        if run is None or (tenant is not None and run.tenant != tenant):
+            raise NotFound(f"no run {run_id}")
+        return run
+
+    async def list_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Sequence[RunStatus] | None = None,
+        agent: str | None = None,
+        after: RunCursor | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}")
+        return await self.store.list_runs(
+            tenant=tenant, statuses=statuses, agent=agent, after=after, limit=limit
+        )
+
+    async def cancel(self, run_id: str | UUID, *, tenant: str | None = None) -> Run:
+        """Durable cancel. A pending run ends ``cancelled`` at once; a running
+        one becomes ``cancel_requested`` and its owner confirms. Cancelling
+        again is harmless; cancelling a run that ended otherwise is an error."""
+        run = await self.get(run_id, tenant=tenant)
+        updated = await self.store.request_cancel(run.id)
+        if updated is None:
+            raise NotFound(f"no run {run_id}")
+        if updated.status.is_terminal and updated.status is not RunStatus.CANCELLED:
+            raise RunFinished(f"run {run.id} already ended {updated.status}")
+        return updated
+
+    async def requeue(self, run_id: str | UUID, *, tenant: str | None = None) -> Run:
+        """Re-queues a failed or dead run: attempts start again, the attempt
+        history stays."""
+        run = await self.get(run_id, tenant=tenant)
+        updated, requeued = await self.store.requeue_run(run.id)
+        if updated is None:
+            raise NotFound(f"no run {run_id}")
+        if not requeued:
+            raise NotRetryable(
+                f"run {run.id} is {updated.status}; only failed or dead runs can be re-queued"
+            )
+        return updated
+
+    async def attempts(self, run_id: str | UUID, *, tenant: str | None = None) -> list[Attempt]:
+        run = await self.get(run_id, tenant=tenant)
+        return await self.store.list_attempts(run.id)
+
+    async def events(
+        self, run_id: str | UUID, *, after_seq: int = 0, tenant: str | None = None
+    ) -> list[Event]:
+        run = await self.get(run_id, tenant=tenant)
+        return await self.store.list_events(run.id, after_seq=after_seq)
+
+    async def follow(
+        self,
+        run_id: str | UUID,
+        *,
+        after_seq: int = 0,
+        poll_seconds: float = 0.2,
+    ) -> AsyncIterator[Event | Run]:
+        """Yields the run's events as they come, then the run once it ends.
+        Bound it with ``asyncio.timeout`` where needed."""
+        run = await self.get(run_id)
+        seq = after_seq
+        while True:
+            for event in await self.store.list_events(run.id, after_seq=seq):
+                seq = event.seq
+                yield event
+            if run.status.is_terminal:
+                # Events written before the end are all committed by now.
+                for event in await self.store.list_events(run.id, after_seq=seq):
+                    seq = event.seq
+                    yield event
+                yield run
+                return
+            await asyncio.sleep(poll_seconds)
+            run = await self.get(run.id)
+
+    def _check_input_size(self, value: Any) -> None:
+        try:
+            encoded = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"input must be JSON: {exc}") from None
+        size = len(encoded.encode())
+        if size > self.settings.max_input_bytes:
+            raise PayloadTooLarge(
+                f"input is {size} bytes; the limit is {self.settings.max_input_bytes}"
+            )
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_budget(budget: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(budget, dict):
+        raise InvalidInput("budget must be an object")
+    unknown = set(budget) - _BUDGET_KEYS
+    if unknown:
+        raise InvalidInput(f"unknown budget keys: {sorted(unknown)}")
+    seconds = budget.get("max_seconds")
+    if seconds is not None and (not _finite_number(seconds) or seconds <= 0):
+        raise InvalidInput("budget.max_seconds must be a number > 0")
+    turns = budget.get("max_turns")
+    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        raise InvalidInput("budget.max_turns must be an integer >= 1")
+    return {k: v for k, v in budget.items() if v is not None}

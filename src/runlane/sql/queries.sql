@@ -1,0 +1,281 @@
+-- Named queries of the run queue. Each block starts with "-- name: NAME";
+-- runlane.store owns them and is the only module that runs them.
+-- Every time comparison uses the database's now().
+
+-- name: insert_run
+-- Inserts a run, or returns the existing one for the same idempotency key.
+WITH inserted AS (
+    INSERT INTO runlane.runs (tenant, agent, input, priority, available_at,
+                              max_attempts, budget, idempotency_key, metadata)
+    VALUES (%(tenant)s, %(agent)s, %(input)s, %(priority)s,
+            now() + make_interval(secs => %(delay_seconds)s),
+            %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s)
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), notified AS (
+    SELECT pg_notify('runlane_wakeup', agent) FROM inserted
+    WHERE %(notify)s AND available_at <= now()
+)
+SELECT inserted.*, true AS created, (SELECT count(*) FROM notified) AS notified FROM inserted
+UNION ALL
+SELECT runs.*, false AS created, 0 AS notified FROM runlane.runs
+WHERE NOT EXISTS (SELECT 1 FROM inserted)
+  AND tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s;
+
+-- name: get_run
+SELECT * FROM runlane.runs WHERE id = %(run_id)s;
+
+-- name: list_runs
+-- Newest first; the cursor is the (created_at, id) of the last row seen.
+SELECT * FROM runlane.runs
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_created_at)s, %(before_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: claim_batch
+-- Claims up to `limit` runs in one short transaction: highest priority first,
+-- then available_at, then submission order. Each claim counts an attempt,
+-- takes a fresh lease token and writes an attempts row.
+WITH picked AS (
+    SELECT id FROM runlane.runs
+    WHERE status = 'pending'
+      AND available_at <= now()
+      AND attempts < max_attempts
+      AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s))
+    ORDER BY priority DESC, available_at, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE runlane.runs AS r
+    SET status = 'running',
+        attempts = r.attempts + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        worker_id = %(worker_id)s,
+        started_at = coalesce(r.started_at, now()),
+        deadline_at = coalesce(r.deadline_at,
+            now() + make_interval(secs => (r.budget ->> 'max_seconds')::double precision))
+    FROM picked
+    WHERE r.id = picked.id
+    RETURNING r.*
+), attempt_rows AS (
+    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
+    SELECT id, attempts, worker_id, lease_token FROM claimed
+)
+SELECT claimed.*,
+       extract(epoch FROM claimed.deadline_at - now())::double precision AS deadline_in_seconds
+FROM claimed
+ORDER BY priority DESC, available_at, seq;
+
+-- name: renew_leases
+-- One statement per heartbeat tick for every lease a worker holds. Returns
+-- the leases still held, with their status (cancel_requested says a cancel
+-- is waiting); a lease missing from the answer is lost.
+UPDATE runlane.runs AS r
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(run_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS held(run_id, lease_token)
+WHERE r.id = held.run_id
+  AND r.lease_token = held.lease_token
+  AND r.status IN ('running', 'cancel_requested')
+  -- An expired lease is never revived, even before the reaper sees it.
+  AND r.lease_expires_at > now()
+RETURNING r.id, r.status;
+
+-- name: finish_attempt
+-- Ends the attempt identified by (run_id, lease_token) with a terminal or
+-- retry outcome. Fenced: a stale token matches no row and changes nothing.
+--   outcome completed -> run completed
+--   outcome failed    -> run failed
+--   outcome cancelled -> run cancelled
+--   outcome retry     -> run pending after backoff, or dead when attempts
+--                        are exhausted
+--   outcome released  -> run pending at once (shutdown), or dead when
+--                        attempts are exhausted
+WITH finished AS (
+    UPDATE runlane.runs AS r
+    SET status = CASE
+            WHEN %(outcome)s IN ('retry', 'released') AND r.attempts >= r.max_attempts
+                THEN 'dead'
+            WHEN %(outcome)s IN ('retry', 'released') THEN 'pending'
+            ELSE %(outcome)s
+        END,
+        available_at = CASE
+            WHEN %(outcome)s = 'retry' THEN now() + make_interval(secs =>
+                coalesce(%(retry_delay_seconds)s::double precision,
+                         runlane.backoff_seconds(r.attempts)))
+            WHEN %(outcome)s = 'released' THEN now()
+            ELSE r.available_at
+        END,
+        output = CASE WHEN %(outcome)s = 'completed' THEN %(output)s::jsonb ELSE r.output END,
+        error = CASE WHEN %(outcome)s = 'completed' THEN NULL
+                     ELSE coalesce(%(error)s::jsonb, r.error) END,
+        finished_at = CASE
+            WHEN %(outcome)s IN ('retry', 'released') AND r.attempts < r.max_attempts
+                THEN NULL
+            ELSE now()
+        END,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        worker_id = NULL
+    WHERE r.id = %(run_id)s
+      AND r.lease_token = %(lease_token)s
+      AND r.status IN ('running', 'cancel_requested')
+    RETURNING r.*
+), attempt_row AS (
+    UPDATE runlane.run_attempts AS a
+    SET ended_at = now(), outcome = %(outcome)s, error = %(error)s::jsonb
+    FROM finished
+    WHERE a.run_id = finished.id AND a.lease_token = %(lease_token)s
+), notified AS (
+    SELECT pg_notify('runlane_wakeup', agent) FROM finished
+    WHERE %(notify)s AND status = 'pending' AND available_at <= now()
+)
+SELECT finished.*, (SELECT count(*) FROM notified) AS notified FROM finished;
+
+-- name: append_event
+-- Fenced event append with a gap-free per-run seq: the counter lives on the
+-- run row, bumped in the same statement that checks the lease token.
+WITH bumped AS (
+    UPDATE runlane.runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = %(run_id)s AND lease_token = %(lease_token)s
+      AND status IN ('running', 'cancel_requested')
+    RETURNING id, last_event_seq, attempts
+)
+INSERT INTO runlane.run_events (run_id, seq, kind, data, attempt)
+SELECT id, last_event_seq, %(kind)s, %(data)s, attempts FROM bumped
+RETURNING seq;
+
+-- name: save_checkpoint
+UPDATE runlane.runs SET checkpoint = %(checkpoint)s
+WHERE id = %(run_id)s AND lease_token = %(lease_token)s
+  AND status IN ('running', 'cancel_requested')
+RETURNING id;
+
+-- name: get_effect
+SELECT result FROM runlane.run_effects WHERE run_id = %(run_id)s AND key = %(key)s;
+
+-- name: record_effect
+-- Fenced: records the effect only while the lease is held. An existing
+-- record for the same key wins (returned as `result`).
+WITH owner AS (
+    SELECT id, attempts FROM runlane.runs
+    WHERE id = %(run_id)s AND lease_token = %(lease_token)s
+      AND status IN ('running', 'cancel_requested')
+    FOR SHARE
+), inserted AS (
+    INSERT INTO runlane.run_effects (run_id, key, result, attempt)
+    SELECT id, %(key)s, %(result)s, attempts FROM owner
+    ON CONFLICT (run_id, key) DO NOTHING
+    RETURNING result
+)
+SELECT (SELECT count(*) FROM owner) AS owned,
+       coalesce((SELECT result FROM inserted),
+                (SELECT e.result FROM runlane.run_effects AS e
+                 WHERE e.run_id = %(run_id)s AND e.key = %(key)s)) AS result;
+
+-- name: request_cancel
+-- Durable cancel: a pending run is cancelled at once; a running one records
+-- the intent (cancel_requested) and its owner confirms. Idempotent.
+WITH target AS (
+    SELECT id, status FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE
+), changed AS (
+    UPDATE runlane.runs AS r
+    SET status = CASE WHEN target.status = 'pending' THEN 'cancelled'
+                      ELSE 'cancel_requested' END,
+        finished_at = CASE WHEN target.status = 'pending' THEN now() ELSE r.finished_at END,
+        cancel_requested_at = coalesce(r.cancel_requested_at, now())
+    FROM target
+    WHERE r.id = target.id AND target.status IN ('pending', 'running')
+    RETURNING r.*
+), notified AS (
+    SELECT pg_notify('runlane_cancel', id::text) FROM changed
+    WHERE %(notify)s AND status = 'cancel_requested'
+)
+SELECT changed.*, (SELECT count(*) FROM notified) AS notified FROM changed
+UNION ALL
+SELECT r.*, 0 AS notified FROM runlane.runs AS r
+WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM changed);
+
+-- name: requeue_run
+-- Re-queues a failed or dead run: attempts start again, history is kept.
+WITH requeued AS (
+    UPDATE runlane.runs
+    SET status = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
+        error = NULL, output = NULL, deadline_at = NULL, cancel_requested_at = NULL
+    WHERE id = %(run_id)s AND status IN ('failed', 'dead')
+    RETURNING *
+), notified AS (
+    SELECT pg_notify('runlane_wakeup', agent) FROM requeued WHERE %(notify)s
+)
+SELECT requeued.*, true AS requeued, (SELECT count(*) FROM notified) AS notified FROM requeued
+UNION ALL
+SELECT r.*, false AS requeued, 0 AS notified FROM runlane.runs AS r
+WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM requeued);
+
+-- name: reap_expired_leases
+-- Expired leases: back to pending with backoff while attempts remain, else
+-- dead; an expired cancel_requested becomes cancelled.
+WITH expired AS (
+    SELECT id, lease_token FROM runlane.runs
+    WHERE status IN ('running', 'cancel_requested') AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), reaped AS (
+    UPDATE runlane.runs AS r
+    SET status = CASE
+            WHEN r.status = 'cancel_requested' THEN 'cancelled'
+            WHEN r.attempts < r.max_attempts THEN 'pending'
+            ELSE 'dead'
+        END,
+        available_at = CASE
+            WHEN r.status = 'running' AND r.attempts < r.max_attempts
+                THEN now() + make_interval(secs => runlane.backoff_seconds(r.attempts))
+            ELSE r.available_at
+        END,
+        finished_at = CASE
+            WHEN r.status = 'running' AND r.attempts < r.max_attempts THEN NULL
+            ELSE now()
+        END,
+        error = CASE
+            WHEN r.status = 'cancel_requested' THEN r.error
+            ELSE jsonb_build_object('code', 'lease_expired',
+                                    'message', 'the worker stopped renewing its lease')
+        END,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        worker_id = NULL
+    FROM expired
+    WHERE r.id = expired.id
+    RETURNING r.id, r.status, r.agent, expired.lease_token AS expired_token
+), attempt_rows AS (
+    UPDATE runlane.run_attempts AS a
+    SET ended_at = now(), outcome = 'lease_expired',
+        error = jsonb_build_object('code', 'lease_expired',
+                                   'message', 'the worker stopped renewing its lease')
+    FROM reaped
+    WHERE a.run_id = reaped.id AND a.lease_token = reaped.expired_token
+)
+SELECT id, status, agent FROM reaped;
+
+-- name: try_maintenance_lock
+SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS locked;
+
+-- name: list_events
+SELECT run_id, seq, kind, data, attempt, created_at FROM runlane.run_events
+WHERE run_id = %(run_id)s AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s;
+
+-- name: list_attempts
+SELECT * FROM runlane.run_attempts WHERE run_id = %(run_id)s ORDER BY attempt;
+
+-- name: count_runs_by_status
+SELECT status, count(*) AS count FROM runlane.runs
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+GROUP BY status;

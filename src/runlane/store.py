@@ -1,0 +1,273 @@
+"""Data access for the run queue: the only module that runs runlane's SQL.
+
+Every method is one statement (or one short transaction) from
+``sql/queries.sql``; the service layer and the worker build on these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from runlane.models import Attempt, ClaimedRun, Event, Outcome, Run, RunStatus
+from runlane.queries import named_queries
+
+# Maintenance jobs (reaper, recovery, pruner) each take their own key, so
+# one process at a time does each job.
+REAPER_LOCK_KEY = 0x726C5F7265617065
+
+
+def _json(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    agent: str
+    input: Any
+    max_attempts: int
+    tenant: str = "default"
+    priority: int = 0
+    delay_seconds: float = 0.0
+    budget: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunCursor:
+    """Where a newest-first listing stopped."""
+
+    created_at: datetime
+    run_id: UUID
+
+
+class RunStore:
+    """Named queries over a connection pool.
+
+    ``notify=False`` sends no NOTIFY at all: workers must then progress by
+    polling alone (DESIGN.md §3.9), which the tests check.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]], *, notify: bool = True):
+        self.pool = pool
+        self.notify = notify
+        self._sql = named_queries()
+
+    async def _fetch_all(self, name: str, params: dict[str, Any]) -> list[DictRow]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql[name], params)
+            return await cur.fetchall()
+
+    async def _fetch_one(self, name: str, params: dict[str, Any]) -> DictRow | None:
+        rows = await self._fetch_all(name, params)
+        return rows[0] if rows else None
+
+    # -- runs -------------------------------------------------------------
+
+    async def insert_run(self, new: NewRun) -> tuple[Run, bool]:
+        """Inserts a run; with an idempotency key already used, returns that
+        run instead. The bool says whether this call created it."""
+        params = {
+            "tenant": new.tenant,
+            "agent": new.agent,
+            "input": Jsonb(new.input),
+            "priority": new.priority,
+            "delay_seconds": float(new.delay_seconds),
+            "max_attempts": new.max_attempts,
+            "budget": Jsonb(new.budget or {}),
+            "idempotency_key": new.idempotency_key,
+            "metadata": Jsonb(new.metadata or {}),
+            "notify": self.notify,
+        }
+        # A concurrent insert of the same key can commit after this
+        # statement's snapshot: then neither branch sees a row, and a second
+        # try (new snapshot) finds it.
+        for _ in range(3):
+            row = await self._fetch_one("insert_run", params)
+            if row is not None:
+                return Run.from_row(row), bool(row["created"])
+        raise RuntimeError("insert_run found neither a new nor an existing run")
+
+    async def get_run(self, run_id: UUID) -> Run | None:
+        row = await self._fetch_one("get_run", {"run_id": run_id})
+        return Run.from_row(row) if row else None
+
+    async def list_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        statuses: Sequence[RunStatus] | None = None,
+        agent: str | None = None,
+        after: RunCursor | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        rows = await self._fetch_all(
+            "list_runs",
+            {
+                "tenant": tenant,
+                "statuses": [str(s) for s in statuses] if statuses else None,
+                "agent": agent,
+                "before_created_at": after.created_at if after else None,
+                "before_id": after.run_id if after else None,
+                "limit": limit,
+            },
+        )
+        return [Run.from_row(row) for row in rows]
+
+    async def count_runs_by_status(self, *, tenant: str | None = None) -> dict[RunStatus, int]:
+        rows = await self._fetch_all("count_runs_by_status", {"tenant": tenant})
+        return {RunStatus(row["status"]): int(row["count"]) for row in rows}
+
+    async def request_cancel(self, run_id: UUID) -> Run | None:
+        """Cancels a pending run, or records cancel intent on a running one.
+        Returns the run as it now is (unchanged if it had finished)."""
+        row = await self._fetch_one("request_cancel", {"run_id": run_id, "notify": self.notify})
+        return Run.from_row(row) if row else None
+
+    async def requeue_run(self, run_id: UUID) -> tuple[Run | None, bool]:
+        row = await self._fetch_one("requeue_run", {"run_id": run_id, "notify": self.notify})
+        if row is None:
+            return None, False
+        return Run.from_row(row), bool(row["requeued"])
+
+    async def list_attempts(self, run_id: UUID) -> list[Attempt]:
+        rows = await self._fetch_all("list_attempts", {"run_id": run_id})
+        return [Attempt.from_row(row) for row in rows]
+
+    async def list_events(
+        self, run_id: UUID, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        rows = await self._fetch_all(
+            "list_events", {"run_id": run_id, "after_seq": after_seq, "limit": limit}
+        )
+        return [Event.from_row(row) for row in rows]
+
+    # -- worker side ------------------------------------------------------
+
+    async def claim_batch(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        agents: Sequence[str] | None = None,
+    ) -> list[ClaimedRun]:
+        rows = await self._fetch_all(
+            "claim_batch",
+            {
+                "worker_id": worker_id,
+                "limit": limit,
+                "lease_seconds": float(lease_seconds),
+                "agents": list(agents) if agents is not None else None,
+            },
+        )
+        return [
+            ClaimedRun(
+                run=Run.from_row(row),
+                lease_token=row["lease_token"],
+                deadline_in_seconds=row["deadline_in_seconds"],
+            )
+            for row in rows
+        ]
+
+    async def renew_leases(
+        self, leases: Sequence[tuple[UUID, UUID]], *, lease_seconds: float
+    ) -> dict[UUID, RunStatus]:
+        """Renews every (run_id, lease_token) in one statement. Returns the
+        runs whose lease is still held, with their status; the others are lost."""
+        if not leases:
+            return {}
+        rows = await self._fetch_all(
+            "renew_leases",
+            {
+                "run_ids": [run_id for run_id, _ in leases],
+                "lease_tokens": [token for _, token in leases],
+                "lease_seconds": float(lease_seconds),
+            },
+        )
+        return {row["id"]: RunStatus(row["status"]) for row in rows}
+
+    async def finish_attempt(
+        self,
+        run_id: UUID,
+        lease_token: UUID,
+        outcome: Outcome,
+        *,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+        retry_delay_seconds: float | None = None,
+    ) -> Run | None:
+        """Fenced end of an attempt; None when the token no longer holds the lease."""
+        row = await self._fetch_one(
+            "finish_attempt",
+            {
+                "run_id": run_id,
+                "lease_token": lease_token,
+                "outcome": str(outcome),
+                "output": _json(output) if outcome is Outcome.COMPLETED else None,
+                "error": _json(error),
+                "retry_delay_seconds": retry_delay_seconds,
+                "notify": self.notify,
+            },
+        )
+        return Run.from_row(row) if row else None
+
+    async def append_event(
+        self, run_id: UUID, lease_token: UUID, kind: str, data: Any
+    ) -> int | None:
+        """Fenced event append; returns the event's seq, None if the lease is lost."""
+        row = await self._fetch_one(
+            "append_event",
+            {"run_id": run_id, "lease_token": lease_token, "kind": kind, "data": Jsonb(data)},
+        )
+        return int(row["seq"]) if row else None
+
+    async def save_checkpoint(self, run_id: UUID, lease_token: UUID, checkpoint: Any) -> bool:
+        row = await self._fetch_one(
+            "save_checkpoint",
+            {"run_id": run_id, "lease_token": lease_token, "checkpoint": Jsonb(checkpoint)},
+        )
+        return row is not None
+
+    async def get_effect(self, run_id: UUID, key: str) -> tuple[bool, Any]:
+        """(found, recorded result) of an effect."""
+        row = await self._fetch_one("get_effect", {"run_id": run_id, "key": key})
+        return (True, row["result"]) if row else (False, None)
+
+    async def record_effect(
+        self, run_id: UUID, lease_token: UUID, key: str, result: Any
+    ) -> tuple[bool, Any]:
+        """Fenced record of an effect's result. Returns (lease held, the
+        recorded result — an earlier record of the same key wins)."""
+        row = await self._fetch_one(
+            "record_effect",
+            {"run_id": run_id, "lease_token": lease_token, "key": key, "result": Jsonb(result)},
+        )
+        assert row is not None
+        return bool(row["owned"]), row["result"]
+
+    # -- maintenance ------------------------------------------------------
+
+    async def reap_expired_leases(self, *, limit: int = 500) -> list[tuple[UUID, RunStatus]] | None:
+        """Returns the runs whose expired lease was reaped, or None when
+        another process holds the reaper lock."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                self._sql["try_maintenance_lock"], {"lock_key": REAPER_LOCK_KEY}
+            )
+            locked = await cur.fetchone()
+            if not locked or not locked["locked"]:
+                return None
+            cur = await conn.execute(self._sql["reap_expired_leases"], {"limit": limit})
+            rows = await cur.fetchall()
+            # Reaped runs wait out a backoff, so no wake-up: polling finds them.
+            return [(row["id"], RunStatus(row["status"])) for row in rows]

@@ -1,0 +1,246 @@
+"""The worker runtime: claim runs, run them, keep their leases, stop well.
+
+``Worker`` claims in batches with SKIP LOCKED when it has free capacity,
+wakes on NOTIFY and polls as a fallback, runs each attempt as an asyncio
+task (see :mod:`runlane.execution`), renews all its leases in one statement
+per tick (:mod:`runlane.heartbeat`) and runs the lease reaper. ``stop()``
+stops claiming, lets runs reach a safe point within a grace period, then
+releases what remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Self
+from uuid import UUID
+
+from runlane.app import App
+from runlane.context import TRANSIENT_ERRORS
+from runlane.database import create_pool
+from runlane.execution import Execution, StopReason
+from runlane.heartbeat import Heartbeat
+from runlane.listener import Listener
+from runlane.models import ClaimedRun
+from runlane.reaper import Reaper
+from runlane.settings import Settings
+from runlane.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+WAKEUP_CHANNEL = "runlane_wakeup"
+CANCEL_CHANNEL = "runlane_cancel"
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    """Serves ``app``'s agents from the database at ``url``.
+
+    ``listen=False`` ignores NOTIFY (polling only); ``notify=False`` sends
+    none. Both exist to show that polling alone makes progress.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        url: str,
+        *,
+        concurrency: int = 10,
+        batch_size: int | None = None,
+        settings: Settings | None = None,
+        worker_id: str | None = None,
+        agents: Sequence[str] | None = None,
+        listen: bool = True,
+        notify: bool = True,
+        run_reaper: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app = app
+        self.settings = settings or app.settings
+        self.url = url
+        self.concurrency = concurrency
+        self.batch_size = batch_size or concurrency
+        self.worker_id = worker_id or new_worker_id()
+        self.agents = list(agents) if agents is not None else None
+        self._listen = listen
+        self._pool = create_pool(url, min_size=2, max_size=concurrency + 3)
+        self.store = RunStore(self._pool, notify=notify)
+        self.executions: dict[UUID, Execution] = {}
+        self._tasks: dict[UUID, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._claim_task: asyncio.Task[None] | None = None
+        self.heartbeat = Heartbeat(
+            self.store,
+            self.executions,
+            lease_seconds=self.settings.lease_seconds,
+            interval_seconds=self.settings.heartbeat_seconds,
+            on_cancel_requested=self._cancel_requested,
+        )
+        self.listener: Listener | None = (
+            Listener(
+                url,
+                [WAKEUP_CHANNEL, CANCEL_CHANNEL],
+                self._on_notify,
+                on_reconnect=self._wake.set,
+            )
+            if listen
+            else None
+        )
+        self.reaper: Reaper | None = (
+            Reaper(self.store, interval_seconds=self.settings.reaper_interval_seconds)
+            if run_reaper
+            else None
+        )
+        # Counters a test or an operator can read.
+        self.wakeups_by_notify = 0
+        self.claims = 0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._pool.open(wait=False)
+        await self.heartbeat.start()
+        if self.listener is not None:
+            await self.listener.start()
+        if self.reaper is not None:
+            await self.reaper.start()
+        self._claim_task = asyncio.create_task(self._claim_loop(), name="runlane-claim")
+        logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+
+    async def stop(self, grace_seconds: float | None = None) -> None:
+        """Stops claiming; runs reaching a safe point within the grace period
+        are released (or finish); the rest are stopped and released."""
+        grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        self._stopping = True
+        self._wake.set()
+        if self._claim_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._claim_task
+        for execution in self.executions.values():
+            execution.context.mark_shutdown_requested()
+        running = list(self._tasks.values())
+        if running:
+            await asyncio.wait(running, timeout=grace)
+        for execution in list(self.executions.values()):
+            execution.stop(StopReason.SHUTDOWN)
+        remaining = list(self._tasks.values())
+        if remaining:
+            await asyncio.wait(remaining, timeout=self.settings.lease_seconds)
+        await self.heartbeat.stop()
+        if self.listener is not None:
+            await self.listener.stop()
+        if self.reaper is not None:
+            await self.reaper.stop()
+        await self._pool.close()
+        logger.info("worker %s stopped", self.worker_id)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run_until_signalled(self) -> None:
+        """Runs until SIGTERM or SIGINT, then stops gracefully."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+            logger.info("worker %s: signal received, shutting down", self.worker_id)
+        finally:
+            await self.stop()
+
+    # -- claiming ------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        poll = self.settings.poll_seconds
+        while not self._stopping:
+            self._wake.clear()
+            free = self.concurrency - len(self.executions)
+            if free > 0:
+                want = min(free, self.batch_size)
+                sent_at = time.monotonic()
+                try:
+                    batch = await self.store.claim_batch(
+                        worker_id=self.worker_id,
+                        limit=want,
+                        lease_seconds=self.settings.lease_seconds,
+                        agents=self.agents,
+                    )
+                except TRANSIENT_ERRORS as exc:
+                    logger.warning("claim failed (%s); retrying", exc)
+                    await self._sleep_or_wake(poll)
+                    continue
+                for claimed in batch:
+                    self._start(claimed, sent_at)
+                if len(batch) == want:
+                    continue  # there may be more waiting
+            await self._sleep_or_wake(poll)
+
+    async def _sleep_or_wake(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    def _start(self, claimed: ClaimedRun, sent_at: float) -> None:
+        self.claims += 1
+        run = claimed.run
+        execution = Execution(
+            claimed,
+            self.app.agents.get(run.agent),
+            self.store,
+            lease_seconds=self.settings.lease_seconds,
+            claim_sent_at=sent_at,
+        )
+        self.executions[run.id] = execution
+        self._tasks[run.id] = asyncio.create_task(
+            self._run(execution), name=f"runlane-attempt-{run.id}"
+        )
+        if run.status == "cancel_requested":
+            self._cancel_requested(execution)
+
+    async def _run(self, execution: Execution) -> None:
+        try:
+            await execution.run()
+        except Exception:
+            logger.exception("run %s: unexpected error in the worker", execution.run_id)
+        finally:
+            self.executions.pop(execution.run_id, None)
+            self._tasks.pop(execution.run_id, None)
+            self._wake.set()
+
+    # -- notices -------------------------------------------------------------
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == WAKEUP_CHANNEL:
+            if self.agents is None or not payload or payload in self.agents:
+                self.wakeups_by_notify += 1
+                self._wake.set()
+        elif channel == CANCEL_CHANNEL:
+            with contextlib.suppress(ValueError):
+                execution = self.executions.get(UUID(payload))
+                if execution is not None:
+                    self._cancel_requested(execution)
+
+    def _cancel_requested(self, execution: Execution) -> None:
+        """Tells the handler; stops it if it has not stopped after the grace."""
+        if not execution.context.mark_cancel_requested():
+            return
+        logger.info("run %s: cancel requested", execution.run_id)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.settings.cancel_grace_seconds, execution.stop, StopReason.CANCELLED)
