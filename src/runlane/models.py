@@ -63,6 +63,7 @@ class Run:
     priority: int
     available_at: datetime
     attempts: int
+    claim_count: int
     max_attempts: int
     budget: dict[str, Any]
     deadline_at: datetime | None
@@ -92,6 +93,7 @@ class Run:
             priority=row["priority"],
             available_at=row["available_at"],
             attempts=row["attempts"],
+            claim_count=row["claim_count"],
             max_attempts=row["max_attempts"],
             budget=row["budget"],
             deadline_at=row["deadline_at"],

@@ -16,7 +16,11 @@ async def test_submit_claim_complete(service: RunService, store: RunStore) -> No
     assert seq == 1
     held = await store.renew_leases([(run.id, claimed.lease_token)], lease_seconds=10)
     assert held == {run.id: RunStatus.RUNNING}
-    done = await store.finish_attempt(run.id, claimed.lease_token, Outcome.COMPLETED, output={"ok": True})
+    done = await store.finish_attempt(
+        run.id, claimed.lease_token, Outcome.COMPLETED, output={"ok": True}
+    )
     assert done is not None and done.status is RunStatus.COMPLETED and done.output == {"ok": True}
-    again = await store.finish_attempt(run.id, claimed.lease_token, Outcome.COMPLETED, output={"ok": 2})
+    again = await store.finish_attempt(
+        run.id, claimed.lease_token, Outcome.COMPLETED, output={"ok": 2}
+    )
     assert again is None

@@ -53,6 +53,7 @@ WITH picked AS (
     UPDATE runlane.runs AS r
     SET status = 'running',
         attempts = r.attempts + 1,
+        claim_count = r.claim_count + 1,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         worker_id = %(worker_id)s,
@@ -64,7 +65,7 @@ WITH picked AS (
     RETURNING r.*
 ), attempt_rows AS (
     INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
-    SELECT id, attempts, worker_id, lease_token FROM claimed
+    SELECT id, claim_count, worker_id, lease_token FROM claimed
 )
 SELECT claimed.*,
        extract(epoch FROM claimed.deadline_at - now())::double precision AS deadline_in_seconds
@@ -144,10 +145,10 @@ WITH bumped AS (
     SET last_event_seq = last_event_seq + 1
     WHERE id = %(run_id)s AND lease_token = %(lease_token)s
       AND status IN ('running', 'cancel_requested')
-    RETURNING id, last_event_seq, attempts
+    RETURNING id, last_event_seq, claim_count
 )
 INSERT INTO runlane.run_events (run_id, seq, kind, data, attempt)
-SELECT id, last_event_seq, %(kind)s, %(data)s, attempts FROM bumped
+SELECT id, last_event_seq, %(kind)s, %(data)s, claim_count FROM bumped
 RETURNING seq;
 
 -- name: save_checkpoint
@@ -163,13 +164,13 @@ SELECT result FROM runlane.run_effects WHERE run_id = %(run_id)s AND key = %(key
 -- Fenced: records the effect only while the lease is held. An existing
 -- record for the same key wins (returned as `result`).
 WITH owner AS (
-    SELECT id, attempts FROM runlane.runs
+    SELECT id, claim_count FROM runlane.runs
     WHERE id = %(run_id)s AND lease_token = %(lease_token)s
       AND status IN ('running', 'cancel_requested')
     FOR SHARE
 ), inserted AS (
     INSERT INTO runlane.run_effects (run_id, key, result, attempt)
-    SELECT id, %(key)s, %(result)s, attempts FROM owner
+    SELECT id, %(key)s, %(result)s, claim_count FROM owner
     ON CONFLICT (run_id, key) DO NOTHING
     RETURNING result
 )

@@ -15,7 +15,10 @@ CREATE TABLE runlane.runs (
     error            jsonb,
     priority         integer     NOT NULL DEFAULT 0,
     available_at     timestamptz NOT NULL DEFAULT now(),
+    -- Attempts in the current cycle: grows at claim, reset by a re-queue.
     attempts         integer     NOT NULL DEFAULT 0,
+    -- Claims over the run's whole life: numbers its attempts rows.
+    claim_count      integer     NOT NULL DEFAULT 0,
     max_attempts     integer     NOT NULL,
     budget           jsonb       NOT NULL DEFAULT '{}',
     deadline_at      timestamptz,
@@ -57,6 +60,7 @@ CREATE INDEX runs_listing_idx ON runlane.runs (tenant, created_at DESC, id);
 
 CREATE TABLE runlane.run_attempts (
     run_id      uuid        NOT NULL REFERENCES runlane.runs (id) ON DELETE CASCADE,
+    -- 1, 2, 3... over the run's life (runs.claim_count at the claim).
     attempt     integer     NOT NULL,
     worker_id   text        NOT NULL,
     lease_token uuid        NOT NULL,
@@ -64,7 +68,8 @@ CREATE TABLE runlane.run_attempts (
     ended_at    timestamptz,
     outcome     text,
     error       jsonb,
-    PRIMARY KEY (run_id, attempt)
+    PRIMARY KEY (run_id, attempt),
+    UNIQUE (lease_token)
 );
 
 CREATE TABLE runlane.run_events (

@@ -1,0 +1,460 @@
+"""Queue operations against a real PostgreSQL: submit, claim, renew, finish,
+cancel, reap, re-queue; every fenced write refused for a stale token."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge, RunFinished
+from runlane.models import ClaimedRun, Outcome, RunStatus
+from runlane.reaper import Reaper
+from runlane.service import RunService
+from runlane.store import REAPER_LOCK_KEY, RunStore
+from tests.support import wait_until
+
+Conn = psycopg.Connection[Any]
+
+
+async def claim_one(
+    store: RunStore, *, lease_seconds: float = 30, worker: str = "w1"
+) -> ClaimedRun:
+    batch = await store.claim_batch(worker_id=worker, limit=1, lease_seconds=lease_seconds)
+    assert len(batch) == 1, "expected a run to claim"
+    return batch[0]
+
+
+async def expire_and_reap(store: RunStore, sql: Conn, run_id: uuid.UUID) -> None:
+    """Waits (by the database clock) for the run's lease to expire, then reaps."""
+    await wait_until(
+        lambda: sql.execute(
+            "SELECT lease_expires_at < now() FROM runlane.runs WHERE id = %s", (run_id,)
+        ).fetchone()[0],  # type: ignore[index]
+        message="lease expiry",
+    )
+    await Reaper(store, interval_seconds=1).sweep()
+
+
+# -- submit -------------------------------------------------------------------
+
+
+async def test_submit_stores_a_pending_run(service: RunService, sql: Conn) -> None:
+    run, created = await service.submit(
+        "support-bot", {"q": "hi"}, priority=5, max_attempts=4, budget={"max_seconds": 60}
+    )
+    assert created
+    row = sql.execute(
+        "SELECT status, agent, input, priority, max_attempts, budget, attempts"
+        " FROM runlane.runs WHERE id = %s",
+        (run.id,),
+    ).fetchone()
+    assert row == ("pending", "support-bot", {"q": "hi"}, 5, 4, {"max_seconds": 60}, 0)
+
+
+async def test_same_idempotency_key_returns_the_existing_run(service: RunService) -> None:
+    first, created1 = await service.submit("a", {"n": 1}, idempotency_key="k-1")
+    second, created2 = await service.submit("a", {"n": 2}, idempotency_key="k-1")
+    other_tenant, created3 = await service.submit(
+        "a", {"n": 3}, idempotency_key="k-1", tenant="other"
+    )
+    assert created1 and not created2 and created3
+    assert second.id == first.id and second.input == {"n": 1}
+    assert other_tenant.id != first.id
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"agent": ""}, InvalidInput),
+        ({"agent": "has space"}, InvalidInput),
+        ({"input": {"blob": "x" * 5000}}, PayloadTooLarge),
+        ({"input": {"bad": {1, 2}}}, InvalidInput),
+        ({"input": float("nan")}, InvalidInput),
+        ({"priority": 10_000}, InvalidInput),
+        ({"delay_seconds": -1}, InvalidInput),
+        ({"max_attempts": 0}, InvalidInput),
+        ({"budget": {"max_seconds": 0}}, InvalidInput),
+        ({"budget": {"max_turns": 1.5}}, InvalidInput),
+        ({"budget": {"tokens": 5}}, InvalidInput),
+        ({"idempotency_key": ""}, InvalidInput),
+    ],
+)
+async def test_bad_submissions_are_refused_and_store_nothing(
+    service: RunService, sql: Conn, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    service.settings = service.settings.model_copy(update={"max_input_bytes": 4096})
+    args: dict[str, Any] = {"agent": "a", "input": {}} | kwargs
+    with pytest.raises(error):
+        await service.submit(args.pop("agent"), args.pop("input"), **args)
+    assert sql.execute("SELECT count(*) FROM runlane.runs").fetchone() == (0,)
+
+
+async def test_delayed_run_is_not_claimed_before_its_time(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {}, delay_seconds=30)
+    delay = sql.execute(
+        "SELECT extract(epoch FROM available_at - created_at) FROM runlane.runs WHERE id = %s",
+        (run.id,),
+    ).fetchone()
+    assert delay is not None and 29.9 < float(delay[0]) <= 30.1
+    assert await store.claim_batch(worker_id="w", limit=10, lease_seconds=30) == []
+
+
+# -- claim ----------------------------------------------------------------------
+
+
+async def test_claim_order_is_priority_then_available_at_then_submission(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    low1, _ = await service.submit("a", {"n": "low1"})
+    high, _ = await service.submit("a", {"n": "high"}, priority=10)
+    low2, _ = await service.submit("a", {"n": "low2"})
+    earlier, _ = await service.submit("a", {"n": "earlier"})
+    # Same priority, but available earlier than low1 and low2.
+    sql.execute(
+        "UPDATE runlane.runs SET available_at = available_at - interval '1 minute' WHERE id = %s",
+        (earlier.id,),
+    )
+    batch = await store.claim_batch(worker_id="w", limit=10, lease_seconds=30)
+    assert [c.run.id for c in batch] == [high.id, earlier.id, low1.id, low2.id]
+
+
+async def test_claim_counts_an_attempt_and_writes_an_attempt_row(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store, worker="worker-7")
+    assert claimed.run.attempts == 1 and claimed.run.status is RunStatus.RUNNING
+    assert await store.claim_batch(worker_id="w2", limit=10, lease_seconds=30) == []
+    row = sql.execute(
+        "SELECT attempt, worker_id, lease_token, ended_at FROM runlane.run_attempts"
+        " WHERE run_id = %s",
+        (run.id,),
+    ).fetchone()
+    assert row == (1, "worker-7", claimed.lease_token, None)
+    lease_left = sql.execute(
+        "SELECT extract(epoch FROM lease_expires_at - now()) FROM runlane.runs WHERE id = %s",
+        (run.id,),
+    ).fetchone()
+    assert lease_left is not None and 25 < float(lease_left[0]) <= 30
+
+
+async def test_claim_can_be_limited_to_some_agents(service: RunService, store: RunStore) -> None:
+    await service.submit("mail", {})
+    wanted, _ = await service.submit("chat", {})
+    batch = await store.claim_batch(worker_id="w", limit=10, lease_seconds=30, agents=["chat"])
+    assert [c.run.id for c in batch] == [wanted.id]
+
+
+# -- heartbeat ------------------------------------------------------------------
+
+
+async def test_renew_leases_renews_all_in_one_call_and_reports_lost_and_cancelled(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    for _ in range(3):
+        await service.submit("a", {})
+    c1, c2, c3 = await store.claim_batch(worker_id="w", limit=3, lease_seconds=5)
+    await service.cancel(c2.run.id)
+    stale = uuid.uuid4()
+    held = await store.renew_leases(
+        [(c1.run.id, c1.lease_token), (c2.run.id, c2.lease_token), (c3.run.id, stale)],
+        lease_seconds=60,
+    )
+    assert held == {c1.run.id: RunStatus.RUNNING, c2.run.id: RunStatus.CANCEL_REQUESTED}
+    left = dict(
+        sql.execute(  # type: ignore[arg-type]
+            "SELECT id, extract(epoch FROM lease_expires_at - now())::float FROM runlane.runs"
+        ).fetchall()
+    )
+    assert left[c1.run.id] > 55 and left[c2.run.id] > 55
+    assert left[c3.run.id] <= 5  # the stale token renewed nothing
+
+
+async def test_an_expired_lease_is_not_revived_by_a_late_heartbeat(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store, lease_seconds=0.2)
+    await wait_until(
+        lambda: sql.execute("SELECT lease_expires_at < now() FROM runlane.runs").fetchone()[0],  # type: ignore[index]
+        message="lease expiry",
+    )
+    assert await store.renew_leases([(run.id, claimed.lease_token)], lease_seconds=30) == {}
+
+
+# -- fencing --------------------------------------------------------------------
+
+
+async def test_every_fenced_write_is_refused_for_a_stale_token(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=3)
+    old = await claim_one(store, lease_seconds=0.2)
+    assert await store.append_event(run.id, old.lease_token, "token", {"t": "old-1"}) == 1
+    await expire_and_reap(store, sql, run.id)
+    sql.execute("UPDATE runlane.runs SET available_at = now() WHERE id = %s", (run.id,))
+    new = await claim_one(store, worker="w2")
+    assert new.run.attempts == 2 and new.lease_token != old.lease_token
+    await store.save_checkpoint(run.id, new.lease_token, {"turn": 1})
+
+    # The stale owner tries every kind of write: none changes anything.
+    assert await store.append_event(run.id, old.lease_token, "token", {"t": "old-2"}) is None
+    assert await store.save_checkpoint(run.id, old.lease_token, {"turn": 99}) is False
+    assert await store.record_effect(run.id, old.lease_token, "mail", "sent") == (False, None)
+    assert await store.renew_leases([(run.id, old.lease_token)], lease_seconds=30) == {}
+    assert await store.finish_attempt(run.id, old.lease_token, Outcome.COMPLETED, output=1) is None
+    assert await store.finish_attempt(run.id, old.lease_token, Outcome.FAILED) is None
+
+    row = sql.execute(
+        "SELECT status, lease_token, checkpoint, output, last_event_seq FROM runlane.runs"
+        " WHERE id = %s",
+        (run.id,),
+    ).fetchone()
+    assert row == ("running", new.lease_token, {"turn": 1}, None, 1)
+    assert sql.execute("SELECT count(*) FROM runlane.run_effects").fetchone() == (0,)
+    # The new owner's writes still go through.
+    assert await store.append_event(run.id, new.lease_token, "token", {"t": "new"}) == 2
+    done = await store.finish_attempt(run.id, new.lease_token, Outcome.COMPLETED, output="ok")
+    assert done is not None and done.status is RunStatus.COMPLETED
+
+
+# -- finishing --------------------------------------------------------------------
+
+
+async def test_retry_waits_the_backoff_by_the_database_clock(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=5)
+    waits = []
+    for _ in range(3):
+        claimed = await claim_one(store)
+        after = await store.finish_attempt(
+            run.id, claimed.lease_token, Outcome.RETRY, error={"code": "exception"}
+        )
+        assert after is not None and after.status is RunStatus.PENDING
+        wait = sql.execute(
+            "SELECT extract(epoch FROM r.available_at - a.ended_at)::float"
+            " FROM runlane.runs r JOIN runlane.run_attempts a ON a.run_id = r.id"
+            " WHERE r.id = %s ORDER BY a.attempt DESC LIMIT 1",
+            (run.id,),
+        ).fetchone()
+        assert wait is not None
+        waits.append(wait[0])
+        assert await store.claim_batch(worker_id="w", limit=1, lease_seconds=30) == []
+        sql.execute("UPDATE runlane.runs SET available_at = now() WHERE id = %s", (run.id,))
+    # min(300, 5 * 2^(attempts - 1)) with +/-10% jitter: ~5, ~10, ~20 seconds.
+    for wait, base in zip(waits, [5, 10, 20], strict=True):
+        assert base * 0.9 - 0.01 <= wait <= base * 1.1 + 0.01
+
+
+async def test_backoff_is_capped_at_five_minutes(sql: Conn) -> None:
+    row = sql.execute("SELECT max(runlane.backoff_seconds(20)) FROM generate_series(1, 50)")
+    value = row.fetchone()
+    assert value is not None and 270 <= value[0] <= 330
+
+
+async def test_retry_with_an_explicit_delay(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store)
+    await store.finish_attempt(run.id, claimed.lease_token, Outcome.RETRY, retry_delay_seconds=42)
+    wait = sql.execute(
+        "SELECT extract(epoch FROM available_at - now())::float FROM runlane.runs"
+    ).fetchone()
+    assert wait is not None and 41 < wait[0] <= 42
+
+
+async def test_dead_after_max_attempts_then_requeue_keeps_history(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=2)
+    for _ in range(2):
+        claimed = await claim_one(store)
+        after = await store.finish_attempt(
+            run.id, claimed.lease_token, Outcome.RETRY, retry_delay_seconds=0
+        )
+        assert after is not None
+    assert after.status is RunStatus.DEAD and after.finished_at is not None
+    assert await store.claim_batch(worker_id="w", limit=1, lease_seconds=30) == []
+
+    requeued = await service.requeue(run.id)
+    assert requeued.status is RunStatus.PENDING and requeued.attempts == 0
+    claimed = await claim_one(store)
+    assert claimed.run.attempts == 1
+    history = sql.execute(
+        "SELECT attempt, outcome FROM runlane.run_attempts WHERE run_id = %s ORDER BY attempt",
+        (run.id,),
+    ).fetchall()
+    assert history == [(1, "retry"), (2, "retry"), (3, None)]
+
+
+async def test_requeue_refuses_runs_that_did_not_fail(service: RunService, store: RunStore) -> None:
+    run, _ = await service.submit("a", {})
+    with pytest.raises(NotRetryable):
+        await service.requeue(run.id)
+    with pytest.raises(NotFound):
+        await service.requeue(uuid.uuid4())
+    with pytest.raises(NotFound):
+        await service.requeue("not-a-uuid")
+
+
+async def test_fail_is_final(service: RunService, store: RunStore) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=3)
+    claimed = await claim_one(store)
+    after = await store.finish_attempt(
+        run.id, claimed.lease_token, Outcome.FAILED, error={"code": "bad", "message": "no"}
+    )
+    assert after is not None and after.status is RunStatus.FAILED
+    assert after.error == {"code": "bad", "message": "no"}
+    assert await store.claim_batch(worker_id="w", limit=1, lease_seconds=30) == []
+
+
+async def test_released_run_is_claimable_at_once(service: RunService, store: RunStore) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=3)
+    claimed = await claim_one(store)
+    after = await store.finish_attempt(run.id, claimed.lease_token, Outcome.RELEASED)
+    assert after is not None and after.status is RunStatus.PENDING
+    again = await claim_one(store)
+    assert again.run.attempts == 2
+
+
+# -- cancel -----------------------------------------------------------------------
+
+
+async def test_cancel_pending_run_is_immediate(service: RunService, store: RunStore) -> None:
+    run, _ = await service.submit("a", {})
+    cancelled = await service.cancel(run.id)
+    assert cancelled.status is RunStatus.CANCELLED and cancelled.finished_at is not None
+    assert await store.claim_batch(worker_id="w", limit=1, lease_seconds=30) == []
+    again = await service.cancel(run.id)  # idempotent
+    assert again.status is RunStatus.CANCELLED
+
+
+async def test_cancel_running_run_records_intent_and_owner_confirms(
+    service: RunService, store: RunStore
+) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store)
+    first = await service.cancel(run.id)
+    second = await service.cancel(run.id)
+    assert first.status is second.status is RunStatus.CANCEL_REQUESTED
+    done = await store.finish_attempt(run.id, claimed.lease_token, Outcome.CANCELLED)
+    assert done is not None and done.status is RunStatus.CANCELLED
+
+
+async def test_completion_committed_first_wins_over_cancel(
+    service: RunService, store: RunStore
+) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store)
+    await service.cancel(run.id)
+    done = await store.finish_attempt(run.id, claimed.lease_token, Outcome.COMPLETED, output=1)
+    assert done is not None and done.status is RunStatus.COMPLETED
+    with pytest.raises(RunFinished):
+        await service.cancel(run.id)
+
+
+async def test_cancel_unknown_run(service: RunService) -> None:
+    with pytest.raises(NotFound):
+        await service.cancel(uuid.uuid4())
+
+
+# -- reaper -----------------------------------------------------------------------
+
+
+async def test_reaper_requeues_with_backoff_then_marks_dead(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=2)
+    await claim_one(store, lease_seconds=0.2)
+    await expire_and_reap(store, sql, run.id)
+    row = sql.execute(
+        "SELECT status, lease_token, extract(epoch FROM available_at - now())::float"
+        " FROM runlane.runs"
+    ).fetchone()
+    assert row is not None and row[0] == "pending" and row[1] is None and 3 < row[2] <= 5.5
+    sql.execute("UPDATE runlane.runs SET available_at = now()")
+    await claim_one(store, lease_seconds=0.2)
+    await expire_and_reap(store, sql, run.id)
+    row = sql.execute("SELECT status, error->>'code' FROM runlane.runs").fetchone()
+    assert row == ("dead", "lease_expired")
+    outcomes = sql.execute("SELECT outcome FROM runlane.run_attempts ORDER BY attempt").fetchall()
+    assert outcomes == [("lease_expired",), ("lease_expired",)]
+
+
+async def test_reaper_cancels_an_expired_cancel_request(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    run, _ = await service.submit("a", {})
+    await claim_one(store, lease_seconds=0.2)
+    await service.cancel(run.id)
+    await expire_and_reap(store, sql, run.id)
+    assert sql.execute("SELECT status FROM runlane.runs").fetchone() == ("cancelled",)
+
+
+async def test_reaper_leaves_live_leases_alone(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    await service.submit("a", {})
+    await claim_one(store, lease_seconds=60)
+    assert await Reaper(store, interval_seconds=1).sweep() == 0
+    assert sql.execute("SELECT status FROM runlane.runs").fetchone() == ("running",)
+
+
+async def test_one_reaper_at_a_time(service: RunService, store: RunStore, db_url: str) -> None:
+    with psycopg.connect(db_url) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (REAPER_LOCK_KEY,))
+        assert await store.reap_expired_leases() is None
+    assert await store.reap_expired_leases() == []
+
+
+# -- events and effects -----------------------------------------------------------
+
+
+async def test_events_are_gap_free_and_resumable(service: RunService, store: RunStore) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store)
+    seqs = [
+        await store.append_event(run.id, claimed.lease_token, "token", {"i": i}) for i in range(5)
+    ]
+    assert seqs == [1, 2, 3, 4, 5]
+    later = await service.events(run.id, after_seq=3)
+    assert [(e.seq, e.data) for e in later] == [(4, {"i": 3}), (5, {"i": 4})]
+
+
+async def test_an_effect_is_recorded_once(service: RunService, store: RunStore) -> None:
+    run, _ = await service.submit("a", {})
+    claimed = await claim_one(store)
+    assert await store.record_effect(run.id, claimed.lease_token, "mail", {"id": 1}) == (
+        True,
+        {"id": 1},
+    )
+    assert await store.record_effect(run.id, claimed.lease_token, "mail", {"id": 2}) == (
+        True,
+        {"id": 1},
+    )
+    assert await store.get_effect(run.id, "mail") == (True, {"id": 1})
+    assert await store.get_effect(run.id, "other") == (False, None)
+
+
+async def test_listing_pages_with_a_cursor(service: RunService) -> None:
+    from runlane.store import RunCursor
+
+    ids = [(await service.submit("a", {"i": i}))[0].id for i in range(7)]
+    seen = []
+    cursor = None
+    while True:
+        page = await service.list_runs(limit=3, after=cursor)
+        if not page:
+            break
+        seen.extend(run.id for run in page)
+        cursor = RunCursor(page[-1].created_at, page[-1].id)
+    assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
+    dead = await service.list_runs(statuses=[RunStatus.DEAD])
+    assert dead == []

@@ -1,0 +1,54 @@
+"""Helpers shared by the tests: waiting on conditions, running workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+
+from runlane.app import App
+from runlane.settings import Settings
+from runlane.worker import Worker
+
+T = TypeVar("T")
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> T:
+    """Polls ``condition`` until it returns something truthy; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+@asynccontextmanager
+async def running_worker(app: App, settings: Settings, **kwargs: Any) -> AsyncIterator[Worker]:
+    assert settings.database_url is not None
+    worker = Worker(app, settings.database_url, settings=settings, **kwargs)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop(grace_seconds=1.0)
+
+
+def run_status(conn: psycopg.Connection[Any], run_id: Any) -> str:
+    row = conn.execute("SELECT status FROM runlane.runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
