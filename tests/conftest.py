@@ -18,11 +18,11 @@ import pytest
 from psycopg import conninfo as pg_conninfo
 
 from runlane.database import create_pool
-from runlane.embedded import EmbeddedPostgres
 from runlane.migrations import migrate
 from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.store import RunStore
+from tests.support import embedded_test_server
 
 TEMPLATE_NAME = f"runlane_test_template_{os.getpid()}"
 
@@ -34,18 +34,14 @@ def database_url(server_url: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_server_url() -> Iterator[str]:
     """Admin URL of the server the tests use."""
     external = os.environ.get("RUNLANE_TEST_DATABASE_URL")
     if external:
         yield external
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "pgdata")
-    url = server.start()
-    try:
-        yield url
-    finally:
-        server.stop(mode="immediate")
+    with embedded_test_server() as server:
+        yield server.url()
 
 
 @pytest.fixture(scope="session")

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 
 from runlane.app import App
+from runlane.embedded import EmbeddedPostgres
 from runlane.settings import Settings
 from runlane.worker import Worker
 
@@ -52,3 +56,18 @@ def run_status(conn: psycopg.Connection[Any], run_id: Any) -> str:
     row = conn.execute("SELECT status FROM runlane.runs WHERE id = %s", (run_id,)).fetchone()
     assert row is not None
     return str(row[0])
+
+
+@contextmanager
+def embedded_test_server() -> Iterator[EmbeddedPostgres]:
+    """A throw-away embedded PostgreSQL. Not under pytest's tmp_path: as
+    root the server runs as another user, who must reach its directory."""
+    base = Path(tempfile.mkdtemp(prefix="runlane-test-pg-"))
+    base.chmod(0o755)
+    server = EmbeddedPostgres(base / "pgdata")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(mode="immediate")
+        shutil.rmtree(base, ignore_errors=True)

@@ -27,6 +27,17 @@ def resolve_database_url(settings: Settings, *, apply_migrations: bool = True) -
     return url
 
 
+# Bounded connects, and TCP keepalives so a dead peer is noticed in seconds
+# rather than hours (ignored on Unix sockets).
+CONNECT_OPTIONS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+}
+
+
 async def _configure(conn: AsyncConnection[DictRow]) -> None:
     # Autocommit by default: every store call is one statement or opens an
     # explicit short transaction.
@@ -42,7 +53,7 @@ def create_pool(
         min_size=min_size,
         max_size=max_size,
         open=False,
-        kwargs={"row_factory": dict_row},
+        kwargs={"row_factory": dict_row, **CONNECT_OPTIONS},
         configure=_configure,
         # A connection that broke while idle (e.g. the server restarted) is
         # found and replaced before it is handed out.

@@ -41,7 +41,10 @@ class Heartbeat:
         self._interval = interval_seconds
         self._on_cancel_requested = on_cancel_requested
         self._tasks: list[asyncio.Task[None]] = []
+        # Renewals given up on but not yet finished (see renew()).
+        self._abandoned: set[asyncio.Task[dict[UUID, RunStatus]]] = set()
         self.ticks = 0
+        self.failures = 0
 
     async def start(self) -> None:
         self._tasks = [
@@ -56,6 +59,9 @@ class Heartbeat:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        for renewal in list(self._abandoned):
+            with contextlib.suppress(BaseException):
+                await renewal
 
     async def renew(self) -> None:
         """One tick: renews every held lease in one statement."""
@@ -63,12 +69,21 @@ class Heartbeat:
         if not held:
             return
         sent_at = time.monotonic()
-        alive = await asyncio.wait_for(
+        renewal = asyncio.create_task(
             self._store.renew_leases(
                 [(e.run_id, e.lease_token) for e in held], lease_seconds=self._lease_seconds
-            ),
-            timeout=self._interval,
+            )
         )
+        done, _ = await asyncio.wait({renewal}, timeout=self._interval)
+        if not done:
+            # Over a cut connection, cancelling a query can itself hang for a
+            # while (the driver tries to cancel it on the server). Let that
+            # finish in the background; the next tick tries a new connection.
+            renewal.cancel()
+            self._abandoned.add(renewal)
+            renewal.add_done_callback(self._abandoned.discard)
+            raise TimeoutError("lease renewal timed out")
+        alive = renewal.result()
         self.ticks += 1
         for execution in held:
             status = alive.get(execution.run_id)
@@ -90,7 +105,8 @@ class Heartbeat:
             try:
                 await self.renew()
             except TRANSIENT_ERRORS as exc:
-                logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, retry_after)
+                self.failures += 1
+                logger.warning("heartbeat failed (%r); retrying in %.1fs", exc, retry_after)
                 await asyncio.sleep(retry_after)
                 continue
             await asyncio.sleep(self._interval)
