@@ -211,8 +211,6 @@ class Worker:
         self._tasks[run.id] = asyncio.create_task(
             self._run(execution), name=f"runlane-attempt-{run.id}"
         )
-        if run.status == "cancel_requested":
-            self._cancel_requested(execution)
 
     async def _run(self, execution: Execution) -> None:
         try:

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import pytest
+
+from runlane.queries import named_queries, parse_named_queries
+
+
+def test_blocks_are_split_by_name() -> None:
+    text = "-- preamble\n-- name: first\nSELECT 1;\n\n-- name: second\n-- about it\nSELECT 2;\n"
+    assert parse_named_queries(text) == {
+        "first": "SELECT 1;",
+        "second": "-- about it\nSELECT 2;",
+    }
+
+
+def test_a_name_defined_twice_is_an_error() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        parse_named_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_the_shipped_file_has_every_query_the_store_runs() -> None:
+    import inspect
+
+    from runlane import store
+
+    source = inspect.getsource(store)
+    queries = named_queries()
+    used = {name for name in queries if f'"{name}"' in source}
+    assert used == set(queries), f"unused queries: {set(queries) - used}"
