@@ -360,6 +360,19 @@ async def test_completion_committed_first_wins_over_cancel(
         await service.cancel(run.id)
 
 
+@pytest.mark.parametrize("outcome", [Outcome.RETRY, Outcome.RELEASED])
+async def test_a_cancel_request_is_not_lost_when_the_attempt_retries_or_is_released(
+    service: RunService, store: RunStore, outcome: Outcome
+) -> None:
+    run, _ = await service.submit("a", {}, max_attempts=3)
+    claimed = await claim_one(store)
+    await service.cancel(run.id)
+    after = await store.finish_attempt(run.id, claimed.lease_token, outcome, retry_delay_seconds=0)
+    assert after is not None and after.status is RunStatus.CANCELLED
+    assert after.finished_at is not None
+    assert await store.claim_batch(worker_id="w", limit=1, lease_seconds=30) == []
+
+
 async def test_cancel_unknown_run(service: RunService) -> None:
     with pytest.raises(NotFound):
         await service.cancel(uuid.uuid4())

@@ -87,44 +87,47 @@ WHERE r.id = held.run_id
 RETURNING r.id, r.status;
 
 -- name: finish_attempt
--- Ends the attempt identified by (run_id, lease_token) with a terminal or
--- retry outcome. Fenced: a stale token matches no row and changes nothing.
+-- Ends the attempt identified by (run_id, lease_token). Fenced: a stale
+-- token matches no row and changes nothing.
 --   outcome completed -> run completed
 --   outcome failed    -> run failed
 --   outcome cancelled -> run cancelled
---   outcome retry     -> run pending after backoff, or dead when attempts
---                        are exhausted
---   outcome released  -> run pending at once (shutdown), or dead when
---                        attempts are exhausted
-WITH finished AS (
+--   outcome retry     -> run pending after backoff (or the asked delay)
+--   outcome released  -> run pending at once (worker shutdown)
+-- A retry or release of a run with a cancel request ends it cancelled, so a
+-- cancel is never lost; with attempts exhausted it ends dead.
+WITH target AS (
+    SELECT id,
+           CASE
+               WHEN %(outcome)s NOT IN ('retry', 'released') THEN %(outcome)s
+               WHEN status = 'cancel_requested' THEN 'cancelled'
+               WHEN attempts >= max_attempts THEN 'dead'
+               ELSE 'pending'
+           END AS next_status
+    FROM runlane.runs
+    WHERE id = %(run_id)s
+      AND lease_token = %(lease_token)s
+      AND status IN ('running', 'cancel_requested')
+    FOR UPDATE
+), finished AS (
     UPDATE runlane.runs AS r
-    SET status = CASE
-            WHEN %(outcome)s IN ('retry', 'released') AND r.attempts >= r.max_attempts
-                THEN 'dead'
-            WHEN %(outcome)s IN ('retry', 'released') THEN 'pending'
-            ELSE %(outcome)s
-        END,
+    SET status = target.next_status,
         available_at = CASE
+            WHEN target.next_status <> 'pending' THEN r.available_at
             WHEN %(outcome)s = 'retry' THEN now() + make_interval(secs =>
                 coalesce(%(retry_delay_seconds)s::double precision,
                          runlane.backoff_seconds(r.attempts)))
-            WHEN %(outcome)s = 'released' THEN now()
-            ELSE r.available_at
-        END,
-        output = CASE WHEN %(outcome)s = 'completed' THEN %(output)s::jsonb ELSE r.output END,
-        error = CASE WHEN %(outcome)s = 'completed' THEN NULL
-                     ELSE coalesce(%(error)s::jsonb, r.error) END,
-        finished_at = CASE
-            WHEN %(outcome)s IN ('retry', 'released') AND r.attempts < r.max_attempts
-                THEN NULL
             ELSE now()
         END,
+        output = CASE WHEN target.next_status = 'completed' THEN %(output)s::jsonb END,
+        error = CASE WHEN target.next_status = 'completed' THEN NULL
+                     ELSE coalesce(%(error)s::jsonb, r.error) END,
+        finished_at = CASE WHEN target.next_status = 'pending' THEN NULL ELSE now() END,
         lease_token = NULL,
         lease_expires_at = NULL,
         worker_id = NULL
-    WHERE r.id = %(run_id)s
-      AND r.lease_token = %(lease_token)s
-      AND r.status IN ('running', 'cancel_requested')
+    FROM target
+    WHERE r.id = target.id
     RETURNING r.*
 ), attempt_row AS (
     UPDATE runlane.run_attempts AS a

@@ -1,0 +1,291 @@
+"""The ``runlane`` command line: a thin adapter over :class:`RunService`.
+
+Every command that needs the database resolves it on start-up (the embedded
+server when ``RUNLANE_DATABASE_URL`` is unset) and applies pending
+migrations. Errors print one line on stderr and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.logging import RichHandler
+from rich.text import Text
+
+from runlane.app import App
+from runlane.cli_runs import (
+    CliError,
+    console,
+    err_console,
+    exit_code_for,
+    load_settings,
+    print_event,
+    print_json_line,
+    print_run_end,
+    record,
+    report_error,
+    runs_app,
+    with_service,
+)
+from runlane.database import embedded_server, resolve_database_url
+from runlane.migrations import migrate as apply_migrations
+from runlane.models import Run
+from runlane.service import RunService
+from runlane.worker import Worker
+
+logger = logging.getLogger("runlane.cli")
+
+app = typer.Typer(
+    name="runlane",
+    help="Durable runs for AI agents on PostgreSQL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+app.add_typer(db_app, name="db")
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+# -- migrate ------------------------------------------------------------------
+
+
+@app.command()
+def migrate() -> None:
+    """Apply pending schema migrations (each once, under an advisory lock)."""
+    settings = load_settings()
+    url = resolve_database_url(settings, apply_migrations=False)
+    applied = apply_migrations(url)
+    for migration in applied:
+        console.print(Text(f"applied {migration.version:04d}_{migration.name}"))
+    if not applied:
+        console.print("schema is up to date")
+
+
+# -- worker -------------------------------------------------------------------
+
+
+@app.command()
+def worker(
+    target: Annotated[
+        str, typer.Argument(metavar="MODULE:APP", help="Where the App is, e.g. examples.app:app")
+    ],
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs worked on at once.")] = 10,
+    agents: Annotated[
+        str | None, typer.Option(help="Comma-separated agents to serve (default: all).")
+    ] = None,
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
+) -> None:
+    """Serve an App's agents until SIGTERM or SIGINT."""
+    _configure_logging(log_level)
+    runlane_app = _load_app(target)
+    serve: list[str] | None = None
+    if agents is not None:
+        serve = [name.strip() for name in agents.split(",") if name.strip()]
+        unknown = sorted(set(serve) - set(runlane_app.agents))
+        if not serve or unknown:
+            raise CliError(f"--agents names agents the app does not have: {unknown or agents!r}")
+    settings = runlane_app.settings
+    url = resolve_database_url(settings)
+    runner = Worker(runlane_app, url, concurrency=concurrency, settings=settings, agents=serve)
+    logger.info("serving agents: %s", ", ".join(serve or sorted(runlane_app.agents)) or "(none)")
+    asyncio.run(runner.run_until_signalled())
+
+
+def _configure_logging(level: LogLevel) -> None:
+    handler: logging.Handler
+    if err_console.is_terminal:
+        handler = RichHandler(console=err_console, show_path=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.value, handlers=[handler], force=True)
+
+
+def _load_app(target: str) -> App:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise CliError(f"expected MODULE:APP (e.g. examples.app:app), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import {module_name!r}: {exc}") from None
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, App):
+        raise CliError(f"{target} is a {type(found).__name__}, not a runlane.App")
+    return found
+
+
+# -- submit -------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    agent: Annotated[str, typer.Argument(help="The agent to run.")],
+    input: Annotated[
+        str, typer.Option("--input", "-i", help="The run's input as JSON ('-' reads stdin).")
+    ] = "{}",
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    delay: Annotated[float, typer.Option(help="Seconds before it may start.")] = 0.0,
+    max_attempts: Annotated[int | None, typer.Option(help="Default: RUNLANE_MAX_ATTEMPTS.")] = None,
+    max_seconds: Annotated[float | None, typer.Option(help="Deadline budget in seconds.")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="The same key returns the run it first created.")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the run to its end.")] = False,
+    timeout: Annotated[
+        float | None, typer.Option(help="With --wait: give up after this many seconds.")
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON lines: the run, then (with --wait) each event and the ended run.",
+        ),
+    ] = False,
+) -> None:
+    """Submit a run and print its id.
+
+    With --wait, follow it to its end: exit 0 if it completed, 3 if it was
+    interrupted (waiting for a human), 1 if it failed, died or was cancelled.
+    """
+    text = sys.stdin.read() if input == "-" else input
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"--input is not valid JSON: {exc}") from None
+    budget = {"max_seconds": max_seconds} if max_seconds is not None else None
+
+    async def go(service: RunService) -> int:
+        run, created = await service.submit(
+            agent,
+            payload,
+            priority=priority,
+            delay_seconds=delay,
+            max_attempts=max_attempts,
+            budget=budget,
+            idempotency_key=idempotency_key,
+        )
+        if as_json:
+            print_json_line({"type": "run", "created": created, **record(run)})
+        else:
+            console.print(Text(str(run.id)))
+            if not created:
+                err_console.print(Text(f"(existing run for this idempotency key: {run.status})"))
+        if not wait:
+            return 0
+        try:
+            async with asyncio.timeout(timeout):
+                return await _follow(service, run, as_json=as_json)
+        except TimeoutError:
+            current = await service.get(run.id)
+            raise CliError(
+                f"timed out after {timeout:g}s; run {run.id} is still {current.status}"
+            ) from None
+
+    code = with_service(go)
+    if code:
+        raise typer.Exit(code)
+
+
+async def _follow(service: RunService, run: Run, *, as_json: bool) -> int:
+    async for item in service.follow(run.id):
+        if isinstance(item, Run):
+            if as_json:
+                print_json_line({"type": "run", **record(item)})
+            else:
+                print_run_end(item)
+            return exit_code_for(item)
+        if as_json:
+            print_json_line({"type": "event", **record(item)})
+        else:
+            print_event(item)
+    raise AssertionError("follow ended without the run")  # pragma: no cover
+
+
+# -- db -----------------------------------------------------------------------
+
+
+@db_app.command("url")
+def db_url() -> None:
+    """Print the database URL (starting the embedded server if needed)."""
+    settings = load_settings()
+    console.print(Text(resolve_database_url(settings, apply_migrations=False)))
+
+
+@db_app.command("start")
+def db_start() -> None:
+    """Start the embedded server (if not running) and migrate its schema."""
+    settings = load_settings()
+    _refuse_external(settings.database_url)
+    url = resolve_database_url(settings)
+    console.print(Text(f"embedded PostgreSQL is running: {url}"))
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded server."""
+    settings = load_settings()
+    _refuse_external(settings.database_url)
+    if embedded_server(settings).stop():
+        console.print("embedded PostgreSQL stopped")
+    else:
+        console.print("embedded PostgreSQL was not running")
+
+
+def _refuse_external(database_url: str | None) -> None:
+    if database_url:
+        raise CliError("RUNLANE_DATABASE_URL is set; runlane does not manage that server")
+
+
+# -- demo ---------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    once: Annotated[bool, typer.Option("--once", help="Exit 0 when the script is done.")] = False,
+) -> None:
+    """Run the built-in demo: a worker, a few runs, live progress."""
+    from runlane.demo import run_demo
+
+    code = run_demo(load_settings(), once=once)
+    if code:
+        raise typer.Exit(code)
+
+
+def main() -> None:
+    """The ``runlane`` console script."""
+    try:
+        # Not standalone: usage errors come here too and print as one line.
+        result = app(prog_name="runlane", standalone_mode=False)
+    except Exception as exc:
+        if os.environ.get("RUNLANE_DEBUG"):
+            raise
+        sys.exit(report_error(exc))
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

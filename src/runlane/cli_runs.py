@@ -1,0 +1,307 @@
+"""``runlane runs ...`` and the plumbing every CLI command shares: settings,
+a service over a short-lived pool, output through rich, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+from uuid import UUID
+
+import psycopg
+import typer
+from psycopg_pool import PoolTimeout
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from runlane.database import create_pool, resolve_database_url
+from runlane.errors import RunlaneError
+from runlane.models import Attempt, Event, Run, RunStatus
+from runlane.service import RunService
+from runlane.settings import Settings
+from runlane.store import RunStore
+
+T = TypeVar("T")
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+for _console in (console, err_console):
+    if not _console.is_terminal and "COLUMNS" not in os.environ:
+        _console.width = 200  # do not squeeze tables written to a file or a pipe
+
+runs_app = typer.Typer(help="List, inspect, cancel and re-queue runs.", no_args_is_help=True)
+
+STATUS_STYLES = {
+    RunStatus.PENDING: "white",
+    RunStatus.RUNNING: "blue",
+    RunStatus.CANCEL_REQUESTED: "yellow",
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.DEAD: "bold red",
+    RunStatus.CANCELLED: "yellow",
+    RunStatus.INTERRUPTED: "magenta",
+}
+# `submit --wait` exit codes by how the run ended; anything else is 1.
+EXIT_CODES = {RunStatus.COMPLETED: 0, RunStatus.INTERRUPTED: 3}
+
+
+class CliError(Exception):
+    """A failure the CLI reports as one line."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+# -- plumbing -----------------------------------------------------------------
+
+
+def load_settings() -> Settings:
+    return Settings()
+
+
+def with_service(work: Callable[[RunService], Awaitable[T]]) -> T:
+    """Runs ``work`` with a service over the (migrated) database."""
+    settings = load_settings()
+    url = resolve_database_url(settings)
+
+    async def go() -> T:
+        pool = create_pool(url, min_size=1, max_size=2)
+        await pool.open(wait=True, timeout=15)
+        try:
+            return await work(RunService(RunStore(pool), settings))
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+def report_error(exc: Exception) -> int:
+    """Prints ``exc`` as one line on stderr; returns the exit code."""
+    code = 1
+    if isinstance(exc, CliError):
+        message, code = exc.message, exc.exit_code
+    elif isinstance(exc, RunlaneError):
+        message = exc.message
+    elif isinstance(exc, ValidationError):
+        message = "invalid settings: " + "; ".join(
+            (f"RUNLANE_{'_'.join(map(str, e['loc'])).upper()}: " if e["loc"] else "") + e["msg"]
+            for e in exc.errors()
+        )
+    elif isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        message = f"cannot reach the database: {exc}"
+    elif isinstance(exc, psycopg.Error):
+        message = f"database error: {exc}"
+    elif isinstance(exc, typer.Abort):
+        message = "aborted"
+    elif hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+        # A usage error (click's, as vendored by typer).
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return 2  # the help is already printed
+        code = int(exc.exit_code)
+        message = str(exc.format_message())
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None:
+            message += f" (see '{ctx.command_path} --help')"
+    else:
+        message = f"{type(exc).__name__}: {exc} (set RUNLANE_DEBUG=1 for the traceback)"
+    err_console.print(Text(" ".join(f"error: {message}".split()), style="red"))
+    return code
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def record(item: Run | Attempt | Event) -> dict[str, Any]:
+    """A JSON-ready dict of a record; lease tokens stay inside runlane."""
+    fields = dataclasses.asdict(item)
+    fields.pop("lease_token", None)
+    result: dict[str, Any] = json.loads(json.dumps(fields, default=_plain))
+    return result
+
+
+def print_json(data: Any) -> None:
+    console.print_json(json.dumps(data, default=_plain))
+
+
+def print_json_line(data: Any) -> None:
+    console.print(json.dumps(data, default=_plain), markup=False, highlight=False, emoji=False)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, default=_plain, ensure_ascii=False)
+
+
+def _time(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _status(status: RunStatus) -> Text:
+    return Text(str(status), style=STATUS_STYLES.get(status, ""))
+
+
+def print_event(event: Event) -> None:
+    console.print(
+        Text.assemble(
+            (f"#{event.seq} ", "dim"), (event.kind, "bold cyan"), " ", _compact(event.data)
+        )
+    )
+
+
+def print_run_end(run: Run) -> None:
+    line = Text.assemble(f"run {run.id} ", _status(run.status))
+    if run.status is RunStatus.COMPLETED:
+        line.append(f": {_compact(run.output)}")
+    elif run.error:
+        line.append(f": {run.error.get('code', 'error')}: {run.error.get('message', '')}")
+    console.print(line)
+
+
+def exit_code_for(run: Run) -> int:
+    return EXIT_CODES.get(run.status, 1)
+
+
+# -- runs ---------------------------------------------------------------------
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+RunId = Annotated[str, typer.Argument(metavar="RUN_ID")]
+
+
+@runs_app.command("list")
+def list_runs(
+    status: Annotated[
+        list[RunStatus] | None, typer.Option("--status", "-s", help="Repeat for several.")
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's runs.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """List runs, newest first."""
+    runs = with_service(lambda s: s.list_runs(statuses=status or None, agent=agent, limit=limit))
+    if as_json:
+        print_json([record(run) for run in runs])
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("id", no_wrap=True, min_width=36)
+    for name in ("agent", "status", "attempts", "priority", "created"):
+        table.add_column(name)
+    for run in runs:
+        table.add_row(
+            str(run.id),
+            Text(run.agent),
+            _status(run.status),
+            f"{run.attempts}/{run.max_attempts}",
+            str(run.priority),
+            _time(run.created_at),
+        )
+    console.print(table if runs else "no runs")
+
+
+@runs_app.command("show")
+def show_run(
+    run_id: RunId,
+    events: Annotated[int, typer.Option(min=0, help="How many of the last events.")] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show one run with its attempts and its last events."""
+
+    async def go(service: RunService) -> tuple[Run, list[Attempt], list[Event]]:
+        run = await service.get(run_id)
+        attempts = await service.attempts(run.id)
+        after = max(0, run.last_event_seq - events)
+        found = await service.events(run.id, after_seq=after) if events else []
+        return run, attempts, found
+
+    run, attempts, found = with_service(go)
+    if as_json:
+        print_json(
+            {
+                "run": record(run),
+                "attempts": [record(a) for a in attempts],
+                "events": [record(e) for e in found],
+            }
+        )
+        return
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows: list[tuple[str, str | Text]] = [
+        ("id", str(run.id)),
+        ("agent", Text(run.agent)),
+        ("status", _status(run.status)),
+        ("attempts", f"{run.attempts}/{run.max_attempts}"),
+        ("priority", str(run.priority)),
+        ("created", _time(run.created_at)),
+        ("available", _time(run.available_at)),
+        ("started", _time(run.started_at)),
+        ("finished", _time(run.finished_at)),
+        ("input", Text(_compact(run.input))),
+    ]
+    optional: list[tuple[str, Any]] = [
+        ("worker", run.worker_id),
+        ("lease expires", run.lease_expires_at and _time(run.lease_expires_at)),
+        ("cancel requested", run.cancel_requested_at and _time(run.cancel_requested_at)),
+        ("idempotency key", run.idempotency_key),
+        ("budget", run.budget and _compact(run.budget)),
+        ("output", run.output is not None and _compact(run.output)),
+        ("error", run.error and _describe_error(run.error)),
+    ]
+    rows += [(name, Text(str(value))) for name, value in optional if value]
+    for name, value in rows:
+        grid.add_row(name, value)
+    console.print(grid)
+    if attempts:
+        table = Table("#", "worker", "started", "ended", "outcome", "error", box=box.SIMPLE_HEAD)
+        for a in attempts:
+            table.add_row(
+                str(a.attempt),
+                Text(a.worker_id),
+                _time(a.started_at),
+                _time(a.ended_at),
+                Text(a.outcome or "(running)"),
+                Text(_describe_error(a.error) if a.error else ""),
+            )
+        console.print(table)
+    if found:
+        console.print(Text(f"last {len(found)} of {run.last_event_seq} events:", style="bold"))
+        for event in found:
+            print_event(event)
+
+
+def _describe_error(error: dict[str, Any]) -> str:
+    return f"{error.get('code', 'error')}: {error.get('message', '')}".rstrip(": ")
+
+
+@runs_app.command("cancel")
+def cancel_run(run_id: RunId, as_json: JsonFlag = False) -> None:
+    """Cancel a run: a pending one at once, a running one at its next safe point."""
+    run = with_service(lambda s: s.cancel(run_id))
+    if as_json:
+        print_json(record(run))
+    elif run.status is RunStatus.CANCEL_REQUESTED:
+        console.print(Text(f"run {run.id}: cancel requested; it stops at its next safe point"))
+    else:
+        console.print(Text.assemble(f"run {run.id}: ", _status(run.status)))
+
+
+@runs_app.command("retry")
+def retry_run(run_id: RunId, as_json: JsonFlag = False) -> None:
+    """Re-queue a failed or dead run (attempts start again; history stays)."""
+    run = with_service(lambda s: s.requeue(run_id))
+    if as_json:
+        print_json(record(run))
+    else:
+        console.print(Text.assemble(f"run {run.id} re-queued: ", _status(run.status)))

@@ -1,0 +1,143 @@
+"""The built-in demo, end to end: a worker in process, the scripted runs, and
+what they leave in the database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlane import demo
+from runlane.demo import Script, run_demo
+from runlane.models import RunStatus
+from runlane.settings import Settings
+
+SCRIPTED = {"greeting", "essay", "cancel-me", "flaky"}
+
+
+def runs_by_label(sql: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+    cur = sql.execute(
+        "SELECT id, metadata->>'demo' AS label, status, attempts, output, error, "
+        "last_event_seq FROM runlane.runs"
+    )
+    names = [c.name for c in cur.description or []]
+    runs = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    by_label = {run["label"]: run for run in runs}
+    assert len(by_label) == len(runs), runs
+    return by_label
+
+
+def events(sql: psycopg.Connection[Any], run_id: Any) -> list[tuple[int, str, Any, int]]:
+    return sql.execute(
+        "SELECT seq, kind, data, attempt FROM runlane.run_events WHERE run_id = %s ORDER BY seq",
+        (run_id,),
+    ).fetchall()
+
+
+def attempts(sql: psycopg.Connection[Any], run_id: Any) -> list[tuple[int, str | None, Any]]:
+    return sql.execute(
+        "SELECT attempt, outcome, error FROM runlane.run_attempts WHERE run_id = %s "
+        "ORDER BY attempt",
+        (run_id,),
+    ).fetchall()
+
+
+def assert_ended_as_scripted(sql: psycopg.Connection[Any]) -> None:
+    runs = runs_by_label(sql)
+    assert set(runs) == SCRIPTED
+
+    for label in ("greeting", "essay"):
+        run = runs[label]
+        assert (run["status"], run["attempts"]) == ("completed", 1), run
+        assert run["output"]["resumed_from_turn"] == 0
+        assert [a[1] for a in attempts(sql, run["id"])] == ["completed"]
+
+    cancelled = runs["cancel-me"]
+    assert cancelled["status"] == "cancelled", cancelled
+    assert [a[1] for a in attempts(sql, cancelled["id"])] == ["cancelled"]
+    # It was cancelled while streaming: some tokens, far from its 50 turns.
+    assert 6 <= cancelled["last_event_seq"] < 100
+
+    flaky = runs["flaky"]
+    assert (flaky["status"], flaky["attempts"]) == ("completed", 2), flaky
+    first, second = attempts(sql, flaky["id"])
+    assert first[:2] == (1, "retry")
+    assert "scripted failure on attempt 1" in first[2]["message"]
+    assert second[:2] == (2, "completed")
+    # The second attempt resumed from the checkpoint of the first.
+    assert flaky["output"]["resumed_from_turn"] == 1
+    turns_by_attempt: dict[int, set[int]] = {}
+    for _, _, data, attempt in events(sql, flaky["id"]):
+        turns_by_attempt.setdefault(attempt, set()).add(data["turn"])
+    assert turns_by_attempt == {1: {1}, 2: {2, 3}}
+
+    for run in runs.values():
+        stream = events(sql, run["id"])
+        assert [seq for seq, *_ in stream] == list(range(1, len(stream) + 1))
+        assert len(stream) == run["last_event_seq"] > 0
+        assert {kind for _, kind, _, _ in stream} == {"token"}
+
+
+def test_demo_once_ends_as_scripted(
+    settings: Settings, sql: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_demo(settings, once=True, timeout_seconds=60)
+
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "all 4 runs ended as scripted" in out
+    # Not a terminal: one line per change instead of a live table.
+    assert "cancel-me  cancelled" in out
+    assert "flaky      pending" in out
+    assert_ended_as_scripted(sql)
+
+
+def test_demo_module_once_as_a_process(db_url: str, sql: psycopg.Connection[Any]) -> None:
+    env = {**os.environ, "RUNLANE_DATABASE_URL": db_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "runlane.demo", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ended as scripted" in done.stdout
+    assert_ended_as_scripted(sql)
+
+
+def test_demo_once_fails_when_a_run_ends_otherwise(
+    settings: Settings,
+    sql: psycopg.Connection[Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A script expecting one attempt from a run that fails its first.
+    wrong = Script(
+        "wrong",
+        {"text": "one two", "turns": 1, "fail_on_attempt": 1, "retry_delay": 0},
+        RunStatus.COMPLETED,
+        expected_attempts=1,
+    )
+    monkeypatch.setattr(demo, "SCRIPT", (wrong,))
+
+    code = run_demo(settings, once=True, timeout_seconds=60)
+
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "wrong" in out and "expected completed after 1" in out
+    assert sql.execute("SELECT status, attempts FROM runlane.runs").fetchall() == [("completed", 2)]
+
+
+def test_demo_once_fails_on_timeout(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_demo(settings, once=True, timeout_seconds=0.01)
+
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "timed out" in out
