@@ -18,6 +18,8 @@ import pytest
 from psycopg import conninfo as pg_conninfo
 
 from runlane.database import create_pool
+from runlane.lane_service import LaneService
+from runlane.lane_store import LaneStore
 from runlane.migrations import migrate
 from runlane.service import RunService
 from runlane.settings import Settings
@@ -111,6 +113,11 @@ async def store(db_url: str) -> AsyncIterator[RunStore]:
 @pytest.fixture
 def service(store: RunStore, settings: Settings) -> RunService:
     return RunService(store, settings)
+
+
+@pytest.fixture
+def lanes(store: RunStore, service: RunService) -> LaneService:
+    return LaneService(LaneStore(store.pool), service)
 
 
 @pytest.fixture

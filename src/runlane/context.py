@@ -13,7 +13,14 @@ import psycopg
 import psycopg_pool
 
 from runlane.models import ClaimedRun
-from runlane.outcomes import BudgetExceeded, LeaseLost, RunCancelled, ShutdownRequested
+from runlane.outcomes import (
+    BudgetExceeded,
+    Interrupted,
+    LeaseLost,
+    RunCancelled,
+    ShutdownRequested,
+    Steered,
+)
 from runlane.store import RunStore
 
 T = TypeVar("T")
@@ -64,7 +71,8 @@ class RunContext:
         self.checkpoint: Any = run.checkpoint
         self.metadata: dict[str, Any] = run.metadata
         self.budget: dict[str, Any] = run.budget
-        self.resume_value: Any = None
+        self.resume_value: Any = run.resume_value
+        self.kind = run.kind
         self.lease_token: UUID = claimed.lease_token
         self._store = store
         self._lease = lease
@@ -75,6 +83,7 @@ class RunContext:
         )
         self._cancel_requested = asyncio.Event()
         self._shutdown_requested = False
+        self._steer_requested = run.steer_requested_at is not None
         self._lease_lost = False
 
     # -- signals from the worker -------------------------------------------
@@ -93,6 +102,14 @@ class RunContext:
             return False
         self._cancel_requested.set()
         return True
+
+    def mark_steer_requested(self) -> None:
+        self._steer_requested = True
+
+    @property
+    def steer_requested(self) -> bool:
+        """A steer waits in this run's lane: yield at the next safe point."""
+        return self._steer_requested
 
     def mark_shutdown_requested(self) -> None:
         self._shutdown_requested = True
@@ -113,7 +130,9 @@ class RunContext:
 
     async def safe_point(self) -> None:
         """Raises if the run must stop here: its lease is lost, a cancel was
-        requested, its deadline passed, or the worker is shutting down."""
+        requested, its deadline passed, a steer arrived in its lane, or the
+        worker is shutting down. Call it before each model call and after a
+        model turn that called no tools; never in the middle of a tool call."""
         if self._lease_lost:
             raise LeaseLost(f"run {self.run_id}: lease lost")
         if self._cancel_requested.is_set():
@@ -121,8 +140,19 @@ class RunContext:
         left = self.seconds_left
         if left is not None and left <= 0:
             raise BudgetExceeded("max_seconds")
+        if self._steer_requested:
+            raise Steered(f"run {self.run_id}: a steer arrived")
         if self._shutdown_requested:
             raise ShutdownRequested(f"run {self.run_id}: worker shutting down")
+
+    async def interrupt(self, payload: Any, *, expires_in: float | None = None) -> None:
+        """Ends the run ``interrupted`` with ``payload`` (the question for a
+        human). A resume starts a new run of this agent with the answer in
+        ``ctx.resume_value`` and this run's last checkpoint. With
+        ``expires_in`` seconds, an unanswered interrupt ends ``cancelled``."""
+        if expires_in is not None and expires_in <= 0:
+            raise ValueError("expires_in must be > 0")
+        raise Interrupted(payload, expires_in)
 
     async def emit(self, kind: str, data: Any = None) -> int:
         """Appends an event to the run's stream; returns its seq."""

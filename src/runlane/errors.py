@@ -41,5 +41,15 @@ class NotRetryable(RunlaneError):
     code = "not_retryable"
 
 
+class LaneRefused(RunlaneError):
+    """A lane refused the operation; ``code`` says why (see
+    :class:`runlane.lanes.Refusal`). Nothing was stored."""
+
+    def __init__(self, code: str, message: str, *, run_id: object = None) -> None:
+        super().__init__(message)
+        self.code = str(code)
+        self.run_id = run_id
+
+
 class DatabaseUnavailable(RunlaneError):
     code = "database_unavailable"

@@ -16,10 +16,12 @@ from runlane.models import ClaimedRun, Outcome, Run
 from runlane.outcomes import (
     BudgetExceeded,
     Fail,
+    Interrupted,
     LeaseLost,
     Retry,
     RunCancelled,
     ShutdownRequested,
+    Steered,
 )
 from runlane.store import RunStore
 
@@ -104,6 +106,12 @@ class Execution:
             await self._finish(Outcome.FAILED, error={"code": exc.code, "message": exc.message})
         except RunCancelled:
             await self._finish(Outcome.CANCELLED)
+        except Steered:
+            await self._finish(Outcome.STEERED)
+        except Interrupted as exc:
+            await self._finish(
+                Outcome.INTERRUPTED, interrupt=exc.payload, interrupt_expires_in=exc.expires_in
+            )
         except BudgetExceeded as exc:
             await self._finish(
                 Outcome.FAILED,
@@ -147,6 +155,8 @@ class Execution:
         output: Any = None,
         error: dict[str, Any] | None = None,
         retry_delay_seconds: float | None = None,
+        interrupt: Any = None,
+        interrupt_expires_in: float | None = None,
     ) -> None:
         """Writes the outcome, retrying transient errors while the lease lasts."""
         delay = 0.05
@@ -159,6 +169,9 @@ class Execution:
                     output=output,
                     error=error,
                     retry_delay_seconds=retry_delay_seconds,
+                    interrupt=interrupt,
+                    interrupt_expires_in=interrupt_expires_in,
+                    lane_id=self.claimed.run.lane_id,
                 )
             except TRANSIENT_ERRORS as exc:
                 if self.lease.expired():

@@ -19,7 +19,7 @@ from uuid import UUID
 
 from runlane.context import TRANSIENT_ERRORS
 from runlane.execution import Execution, StopReason
-from runlane.models import RunStatus
+from runlane.models import LeaseState, RunStatus
 from runlane.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -34,15 +34,17 @@ class Heartbeat:
         lease_seconds: float,
         interval_seconds: float,
         on_cancel_requested: Callable[[Execution], None],
+        on_steer_requested: Callable[[Execution], None],
     ) -> None:
         self._store = store
         self._executions = executions
         self._lease_seconds = lease_seconds
         self._interval = interval_seconds
         self._on_cancel_requested = on_cancel_requested
+        self._on_steer_requested = on_steer_requested
         self._tasks: list[asyncio.Task[None]] = []
         # Renewals given up on but not yet finished (see renew()).
-        self._abandoned: set[asyncio.Task[dict[UUID, RunStatus]]] = set()
+        self._abandoned: set[asyncio.Task[dict[UUID, LeaseState]]] = set()
         self.ticks = 0
         self.failures = 0
 
@@ -86,8 +88,8 @@ class Heartbeat:
         alive = renewal.result()
         self.ticks += 1
         for execution in held:
-            status = alive.get(execution.run_id)
-            if status is None:
+            state = alive.get(execution.run_id)
+            if state is None:
                 if execution.final is None:
                     logger.warning(
                         "run %s: lease lost (another owner, or expired)", execution.run_id
@@ -95,8 +97,10 @@ class Heartbeat:
                     execution.stop(StopReason.LEASE_LOST)
                 continue
             execution.lease.renewed(sent_at)
-            if status is RunStatus.CANCEL_REQUESTED:
+            if state.status is RunStatus.CANCEL_REQUESTED:
                 self._on_cancel_requested(execution)
+            if state.steer_requested:
+                self._on_steer_requested(execution)
 
     async def _renew_loop(self) -> None:
         # After a failure, try again soon: the lease is still good for a while.

@@ -48,6 +48,10 @@ class Outcome(enum.StrEnum):
     RETRY = "retry"
     RELEASED = "released"
     LEASE_EXPIRED = "lease_expired"
+    # Ended early at a safe point because a steer arrived: run completed.
+    STEERED = "steered"
+    # Waiting for a human: run interrupted.
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,15 @@ class Run:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    lane_id: int | None
+    request_id: UUID | None
+    kind: str
+    outcome: str | None
+    resumed_from: UUID | None
+    resume_value: Any
+    interrupt: Any
+    interrupt_expires_at: datetime | None
+    steer_requested_at: datetime | None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -108,6 +121,15 @@ class Run:
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            lane_id=row["lane_id"],
+            request_id=row["request_id"],
+            kind=row["kind"],
+            outcome=row["outcome"],
+            resumed_from=row["resumed_from"],
+            resume_value=row["resume_value"],
+            interrupt=row["interrupt"],
+            interrupt_expires_at=row["interrupt_expires_at"],
+            steer_requested_at=row["steer_requested_at"],
         )
 
 
@@ -155,5 +177,5 @@ class Event:
 class LeaseState:
     """One held lease as the heartbeat saw it."""
 
-    run_id: UUID
     status: RunStatus
+    steer_requested: bool

@@ -50,3 +50,18 @@ class BudgetExceeded(StopRun):
 
 class ShutdownRequested(StopRun):
     """The worker is shutting down; the run is released for another worker."""
+
+
+class Steered(StopRun):
+    """A steer arrived for the run's lane: the run ends completed (outcome
+    ``steered``) and the steer runs next."""
+
+
+class Interrupted(StopRun):
+    """Raised by :meth:`RunContext.interrupt`: the run ends ``interrupted``,
+    waiting for a human; a resume starts a new run with the answer."""
+
+    def __init__(self, payload: object, expires_in: float | None) -> None:
+        super().__init__("interrupted")
+        self.payload = payload
+        self.expires_in = expires_in

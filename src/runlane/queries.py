@@ -1,4 +1,4 @@
-"""Loads the named queries from ``sql/queries.sql``."""
+"""Loads named queries from the ``.sql`` files under ``sql/``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,6 @@ def parse_named_queries(text: str) -> dict[str, str]:
 
 
 @cache
-def named_queries() -> dict[str, str]:
-    text = resources.files("runlane").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+def named_queries(file_name: str = "queries.sql") -> dict[str, str]:
+    text = resources.files("runlane").joinpath(f"sql/{file_name}").read_text(encoding="utf-8")
     return parse_named_queries(text)

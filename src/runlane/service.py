@@ -8,10 +8,20 @@ import json
 import math
 import re
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge, RunFinished
+from psycopg.errors import UniqueViolation
+
+from runlane.errors import (
+    InvalidInput,
+    LaneRefused,
+    NotFound,
+    NotRetryable,
+    PayloadTooLarge,
+    RunFinished,
+)
 from runlane.models import Attempt, Event, Run, RunStatus
 from runlane.settings import Settings
 from runlane.store import NewRun, RunCursor, RunStore
@@ -30,6 +40,12 @@ def parse_run_id(value: str | UUID) -> UUID:
         return UUID(value)
     except ValueError:
         raise NotFound(f"no run {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    max_attempts: int
+    budget: dict[str, Any]
 
 
 class RunService:
@@ -52,39 +68,29 @@ class RunService:
     ) -> tuple[Run, bool]:
         """Stores a pending run. Returns it and whether it is new: the same
         idempotency key returns the run it first created."""
-        if not isinstance(agent, str) or not _AGENT_NAME.match(agent):
-            raise InvalidInput(
-                "agent must be 1-128 letters, digits, '_', '.', ':' or '-', "
-                "starting with a letter or digit"
-            )
-        self._check_input_size(input)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidInput("priority must be an integer")
-        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-            raise InvalidInput(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}")
+        self.check_agent_name(agent)
+        checked = self.check_run_options(
+            input=input,
+            priority=priority,
+            max_attempts=max_attempts,
+            budget=budget,
+            metadata=metadata,
+        )
         if not _finite_number(delay_seconds) or delay_seconds < 0:
             raise InvalidInput("delay must be a number of seconds >= 0")
-        attempts = self.settings.max_attempts if max_attempts is None else max_attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int):
-            raise InvalidInput("max_attempts must be an integer")
-        if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
-            raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-        checked_budget = _check_budget(budget or {})
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 200
         ):
             raise InvalidInput("idempotency key must be 1-200 characters")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise InvalidInput("metadata must be a JSON object")
         return await self.store.insert_run(
             NewRun(
                 agent=agent,
                 input=input,
-                max_attempts=attempts,
+                max_attempts=checked.max_attempts,
                 tenant=tenant,
                 priority=priority,
                 delay_seconds=float(delay_seconds),
-                budget=checked_budget,
+                budget=checked.budget,
                 idempotency_key=idempotency_key,
                 metadata=metadata,
             )
@@ -128,7 +134,11 @@ class RunService:
         """Re-queues a failed or dead run: attempts start again, the attempt
         history stays."""
         run = await self.get(run_id, tenant=tenant)
-        updated, requeued = await self.store.requeue_run(run.id)
+        try:
+            updated, requeued = await self.store.requeue_run(run.id)
+        except UniqueViolation:
+            # runs_one_active_per_lane_idx: another run of its lane is active.
+            raise LaneRefused("run_active", f"run {run.id}'s lane has another active run") from None
         if updated is None:
             raise NotFound(f"no run {run_id}")
         if not requeued:
@@ -172,7 +182,38 @@ class RunService:
             await asyncio.sleep(poll_seconds)
             run = await self.get(run.id)
 
-    def _check_input_size(self, value: Any) -> None:
+    def check_agent_name(self, agent: Any) -> None:
+        if not isinstance(agent, str) or not _AGENT_NAME.match(agent):
+            raise InvalidInput(
+                "agent must be 1-128 letters, digits, '_', '.', ':' or '-', "
+                "starting with a letter or digit"
+            )
+
+    def check_run_options(
+        self,
+        *,
+        input: Any,
+        priority: Any,
+        max_attempts: Any,
+        budget: Any,
+        metadata: Any,
+    ) -> RunOptions:
+        """Validates what every new run carries; fills in defaults."""
+        self.check_input_size(input)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput("priority must be an integer")
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidInput(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}")
+        attempts = self.settings.max_attempts if max_attempts is None else max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise InvalidInput("max_attempts must be an integer")
+        if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+            raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidInput("metadata must be a JSON object")
+        return RunOptions(max_attempts=attempts, budget=_check_budget(budget or {}))
+
+    def check_input_size(self, value: Any) -> None:
         try:
             encoded = json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:

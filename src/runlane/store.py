@@ -17,7 +17,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from runlane.models import Attempt, ClaimedRun, Event, Outcome, Run, RunStatus
+from runlane.models import Attempt, ClaimedRun, Event, LeaseState, Outcome, Run, RunStatus
 from runlane.queries import named_queries
 
 # Maintenance jobs (reaper, recovery, pruner) each take their own key, so
@@ -128,16 +128,39 @@ class RunStore:
         return {RunStatus(row["status"]): int(row["count"]) for row in rows}
 
     async def request_cancel(self, run_id: UUID) -> Run | None:
-        """Cancels a pending run, or records cancel intent on a running one.
-        Returns the run as it now is (unchanged if it had finished)."""
-        row = await self._fetch_one("request_cancel", {"run_id": run_id, "notify": self.notify})
+        """Cancels a pending or interrupted run, or records cancel intent on a
+        running one. Returns the run as it now is (unchanged if it had ended)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await self._lock_lane_of_run(conn, run_id)
+            cur = await conn.execute(
+                self._sql["request_cancel"], {"run_id": run_id, "notify": self.notify}
+            )
+            row = await cur.fetchone()
         return Run.from_row(row) if row else None
 
     async def requeue_run(self, run_id: UUID) -> tuple[Run | None, bool]:
-        row = await self._fetch_one("requeue_run", {"run_id": run_id, "notify": self.notify})
-        if row is None:
-            return None, False
+        """Re-queues a failed or dead run. A lane's run becomes its lane's
+        active run again (refused by the unique index if another is active)
+        and lifts the pause it caused."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await self._lock_lane_of_run(conn, run_id)
+            cur = await conn.execute(
+                self._sql["requeue_run"], {"run_id": run_id, "notify": self.notify}
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None, False
+            if row["requeued"] and row["lane_id"] is not None:
+                await conn.execute(
+                    self._sql["unpause_lane_for_run"],
+                    {"lane_id": row["lane_id"], "run_id": run_id},
+                )
         return Run.from_row(row), bool(row["requeued"])
+
+    async def _lock_lane_of_run(self, conn: AsyncConnection[DictRow], run_id: UUID) -> None:
+        """Lane before run: every writer of a lane's run takes the lane lock
+        first, so the relay trigger never waits on it (no deadlocks)."""
+        await conn.execute(self._sql["lock_lane_of_run"], {"run_id": run_id})
 
     async def list_attempts(self, run_id: UUID) -> list[Attempt]:
         rows = await self._fetch_all("list_attempts", {"run_id": run_id})
@@ -181,9 +204,10 @@ class RunStore:
 
     async def renew_leases(
         self, leases: Sequence[tuple[UUID, UUID]], *, lease_seconds: float
-    ) -> dict[UUID, RunStatus]:
+    ) -> dict[UUID, LeaseState]:
         """Renews every (run_id, lease_token) in one statement. Returns the
-        runs whose lease is still held, with their status; the others are lost."""
+        runs whose lease is still held, with their status and whether a
+        steer waits; the others are lost."""
         if not leases:
             return {}
         rows = await self._fetch_all(
@@ -194,7 +218,10 @@ class RunStore:
                 "lease_seconds": float(lease_seconds),
             },
         )
-        return {row["id"]: RunStatus(row["status"]) for row in rows}
+        return {
+            row["id"]: LeaseState(RunStatus(row["status"]), bool(row["steer_requested"]))
+            for row in rows
+        }
 
     async def finish_attempt(
         self,
@@ -205,20 +232,31 @@ class RunStore:
         output: Any = None,
         error: dict[str, Any] | None = None,
         retry_delay_seconds: float | None = None,
+        interrupt: Any = None,
+        interrupt_expires_in: float | None = None,
+        lane_id: int | None = None,
     ) -> Run | None:
-        """Fenced end of an attempt; None when the token no longer holds the lease."""
-        row = await self._fetch_one(
-            "finish_attempt",
-            {
-                "run_id": run_id,
-                "lease_token": lease_token,
-                "outcome": str(outcome),
-                "output": _json(output) if outcome is Outcome.COMPLETED else None,
-                "error": _json(error),
-                "retry_delay_seconds": retry_delay_seconds,
-                "notify": self.notify,
-            },
-        )
+        """Fenced end of an attempt; None when the token no longer holds the
+        lease. A lane's run (``lane_id``) ends under its lane's lock, and the
+        relay runs in the same transaction."""
+        params = {
+            "run_id": run_id,
+            "lease_token": lease_token,
+            "outcome": str(outcome),
+            "output": _json(output) if outcome is Outcome.COMPLETED else None,
+            "error": _json(error),
+            "retry_delay_seconds": retry_delay_seconds,
+            "interrupt": _json(interrupt),
+            "interrupt_expires_in": interrupt_expires_in,
+            "notify": self.notify,
+        }
+        if lane_id is None:
+            row = await self._fetch_one("finish_attempt", params)
+        else:
+            async with self.pool.connection() as conn, conn.transaction():
+                await conn.execute(self._sql["lock_lane"], {"lane_id": lane_id})
+                cur = await conn.execute(self._sql["finish_attempt"], params)
+                row = await cur.fetchone()
         return Run.from_row(row) if row else None
 
     async def append_event(
@@ -259,7 +297,8 @@ class RunStore:
 
     async def reap_expired_leases(self, *, limit: int = 500) -> list[tuple[UUID, RunStatus]] | None:
         """Returns the runs whose expired lease was reaped, or None when
-        another process holds the reaper lock."""
+        another process holds the reaper lock. Reaped runs wait out a
+        backoff, so no wake-up is sent: polling finds them."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 self._sql["try_maintenance_lock"], {"lock_key": REAPER_LOCK_KEY}
@@ -267,7 +306,20 @@ class RunStore:
             locked = await cur.fetchone()
             if not locked or not locked["locked"]:
                 return None
-            cur = await conn.execute(self._sql["reap_expired_leases"], {"limit": limit})
-            rows = await cur.fetchall()
-            # Reaped runs wait out a backoff, so no wake-up: polling finds them.
-            return [(row["id"], RunStatus(row["status"])) for row in rows]
+            cur = await conn.execute(
+                self._sql["reap_expired_leases"], {"limit": limit, "run_id": None}
+            )
+            reaped = [(row["id"], RunStatus(row["status"])) for row in await cur.fetchall()]
+            # Lanes' runs one by one, each under its lane's lock, so the relay
+            # (dispatch, pause) happens in the same transaction.
+            cur = await conn.execute(self._sql["expired_lane_leases"], {"limit": limit})
+            for lane_run in await cur.fetchall():
+                async with conn.transaction():
+                    await conn.execute(self._sql["lock_lane"], {"lane_id": lane_run["lane_id"]})
+                    cur = await conn.execute(
+                        self._sql["reap_expired_leases"], {"limit": 1, "run_id": lane_run["id"]}
+                    )
+                    reaped.extend(
+                        (row["id"], RunStatus(row["status"])) for row in await cur.fetchall()
+                    )
+            return reaped

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 WAKEUP_CHANNEL = "runlane_wakeup"
 CANCEL_CHANNEL = "runlane_cancel"
+STEER_CHANNEL = "runlane_steer"
 
 
 def new_worker_id() -> str:
@@ -87,11 +88,12 @@ class Worker:
             lease_seconds=self.settings.lease_seconds,
             interval_seconds=self.settings.heartbeat_seconds,
             on_cancel_requested=self._cancel_requested,
+            on_steer_requested=self._steer_requested,
         )
         self.listener: Listener | None = (
             Listener(
                 url,
-                [WAKEUP_CHANNEL, CANCEL_CHANNEL],
+                [WAKEUP_CHANNEL, CANCEL_CHANNEL, STEER_CHANNEL],
                 self._on_notify,
                 on_reconnect=self._wake.set,
             )
@@ -229,11 +231,20 @@ class Worker:
             if self.agents is None or not payload or payload in self.agents:
                 self.wakeups_by_notify += 1
                 self._wake.set()
-        elif channel == CANCEL_CHANNEL:
+        elif channel in (CANCEL_CHANNEL, STEER_CHANNEL):
             with contextlib.suppress(ValueError):
                 execution = self.executions.get(UUID(payload))
-                if execution is not None:
+                if execution is None:
+                    return
+                if channel == CANCEL_CHANNEL:
                     self._cancel_requested(execution)
+                else:
+                    self._steer_requested(execution)
+
+    def _steer_requested(self, execution: Execution) -> None:
+        """The handler yields at its next safe point; a steer never stops a
+        tool call in progress."""
+        execution.context.mark_steer_requested()
 
     def _cancel_requested(self, execution: Execution) -> None:
         """Tells the handler; stops it if it has not stopped after the grace."""

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge, RunFinished
-from runlane.models import ClaimedRun, Outcome, RunStatus
+from runlane.models import ClaimedRun, LeaseState, Outcome, RunStatus
 from runlane.reaper import Reaper
 from runlane.service import RunService
 from runlane.store import REAPER_LOCK_KEY, RunStore
@@ -165,7 +165,10 @@ async def test_renew_leases_renews_all_in_one_call_and_reports_lost_and_cancelle
         [(c1.run.id, c1.lease_token), (c2.run.id, c2.lease_token), (c3.run.id, stale)],
         lease_seconds=60,
     )
-    assert held == {c1.run.id: RunStatus.RUNNING, c2.run.id: RunStatus.CANCEL_REQUESTED}
+    assert held == {
+        c1.run.id: LeaseState(RunStatus.RUNNING, steer_requested=False),
+        c2.run.id: LeaseState(RunStatus.CANCEL_REQUESTED, steer_requested=False),
+    }
     left = dict(
         sql.execute(  # type: ignore[arg-type]
             "SELECT id, extract(epoch FROM lease_expires_at - now())::float FROM runlane.runs"

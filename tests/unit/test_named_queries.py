@@ -18,12 +18,17 @@ def test_a_name_defined_twice_is_an_error() -> None:
         parse_named_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
-def test_the_shipped_file_has_every_query_the_store_runs() -> None:
+@pytest.mark.parametrize(
+    ("file_name", "module_name"),
+    [("queries.sql", "runlane.store"), ("lanes.sql", "runlane.lane_store")],
+)
+def test_each_shipped_query_is_used_by_its_data_access_module(
+    file_name: str, module_name: str
+) -> None:
+    import importlib
     import inspect
 
-    from runlane import store
-
-    source = inspect.getsource(store)
-    queries = named_queries()
+    source = inspect.getsource(importlib.import_module(module_name))
+    queries = named_queries(file_name)
     used = {name for name in queries if f'"{name}"' in source}
     assert used == set(queries), f"unused queries: {set(queries) - used}"

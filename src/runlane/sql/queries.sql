@@ -75,7 +75,8 @@ ORDER BY priority DESC, available_at, seq;
 -- name: renew_leases
 -- One statement per heartbeat tick for every lease a worker holds. Returns
 -- the leases still held, with their status (cancel_requested says a cancel
--- is waiting); a lease missing from the answer is lost.
+-- is waiting) and whether a steer waits; a lease missing from the answer is
+-- lost.
 UPDATE runlane.runs AS r
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 FROM unnest(%(run_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS held(run_id, lease_token)
@@ -84,7 +85,7 @@ WHERE r.id = held.run_id
   AND r.status IN ('running', 'cancel_requested')
   -- An expired lease is never revived, even before the reaper sees it.
   AND r.lease_expires_at > now()
-RETURNING r.id, r.status;
+RETURNING r.id, r.status, r.steer_requested_at IS NOT NULL AS steer_requested;
 
 -- name: finish_attempt
 -- Ends the attempt identified by (run_id, lease_token). Fenced: a stale
@@ -94,13 +95,19 @@ RETURNING r.id, r.status;
 --   outcome cancelled -> run cancelled
 --   outcome retry     -> run pending after backoff (or the asked delay)
 --   outcome released  -> run pending at once (worker shutdown)
--- A retry or release of a run with a cancel request ends it cancelled, so a
--- cancel is never lost; with attempts exhausted it ends dead.
+--   outcome steered   -> run completed, outcome 'steered' (a steer arrived)
+--   outcome interrupted -> run interrupted, waiting for a resume
+-- A retry, release, steer or interrupt of a run with a cancel request ends it
+-- cancelled, so a cancel is never lost; with attempts exhausted a retry
+-- ends dead. For a lane's run the caller holds the lane's row lock, and the
+-- runs_relay_lane trigger relays in this same transaction.
 WITH target AS (
     SELECT id,
            CASE
+               WHEN %(outcome)s IN ('retry', 'released', 'steered', 'interrupted')
+                    AND status = 'cancel_requested' THEN 'cancelled'
+               WHEN %(outcome)s = 'steered' THEN 'completed'
                WHEN %(outcome)s NOT IN ('retry', 'released') THEN %(outcome)s
-               WHEN status = 'cancel_requested' THEN 'cancelled'
                WHEN attempts >= max_attempts THEN 'dead'
                ELSE 'pending'
            END AS next_status
@@ -120,7 +127,15 @@ WITH target AS (
             ELSE now()
         END,
         output = CASE WHEN target.next_status = 'completed' THEN %(output)s::jsonb END,
-        error = CASE WHEN target.next_status = 'completed' THEN NULL
+        outcome = CASE WHEN target.next_status = 'completed' AND %(outcome)s = 'steered'
+                       THEN 'steered' END,
+        interrupt = CASE WHEN target.next_status = 'interrupted' THEN %(interrupt)s::jsonb END,
+        interrupt_expires_at = CASE
+            WHEN target.next_status = 'interrupted'
+                 AND %(interrupt_expires_in)s::double precision IS NOT NULL
+                THEN now() + make_interval(secs => %(interrupt_expires_in)s::double precision)
+        END,
+        error = CASE WHEN target.next_status IN ('completed', 'interrupted') THEN NULL
                      ELSE coalesce(%(error)s::jsonb, r.error) END,
         finished_at = CASE WHEN target.next_status = 'pending' THEN NULL ELSE now() END,
         lease_token = NULL,
@@ -183,18 +198,19 @@ SELECT (SELECT count(*) FROM owner) AS owned,
                  WHERE e.run_id = %(run_id)s AND e.key = %(key)s)) AS result;
 
 -- name: request_cancel
--- Durable cancel: a pending run is cancelled at once; a running one records
--- the intent (cancel_requested) and its owner confirms. Idempotent.
+-- Durable cancel: a pending or interrupted run is cancelled at once; a
+-- running one records the intent (cancel_requested) and its owner confirms.
+-- Idempotent. For a lane's run the caller holds the lane lock.
 WITH target AS (
     SELECT id, status FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE
 ), changed AS (
     UPDATE runlane.runs AS r
-    SET status = CASE WHEN target.status = 'pending' THEN 'cancelled'
-                      ELSE 'cancel_requested' END,
-        finished_at = CASE WHEN target.status = 'pending' THEN now() ELSE r.finished_at END,
+    SET status = CASE WHEN target.status = 'running' THEN 'cancel_requested'
+                      ELSE 'cancelled' END,
+        finished_at = CASE WHEN target.status = 'running' THEN r.finished_at ELSE now() END,
         cancel_requested_at = coalesce(r.cancel_requested_at, now())
     FROM target
-    WHERE r.id = target.id AND target.status IN ('pending', 'running')
+    WHERE r.id = target.id AND target.status IN ('pending', 'running', 'interrupted')
     RETURNING r.*
 ), notified AS (
     SELECT pg_notify('runlane_cancel', id::text) FROM changed
@@ -223,10 +239,14 @@ WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM requeued);
 
 -- name: reap_expired_leases
 -- Expired leases: back to pending with backoff while attempts remain, else
--- dead; an expired cancel_requested becomes cancelled.
+-- dead; an expired cancel_requested becomes cancelled. Without run_id, a
+-- batch of direct runs; with run_id, that one lane run, whose lane the
+-- caller has locked first (lane before run, as every lane writer does).
 WITH expired AS (
     SELECT id, lease_token FROM runlane.runs
     WHERE status IN ('running', 'cancel_requested') AND lease_expires_at < now()
+      AND CASE WHEN %(run_id)s::uuid IS NULL THEN lane_id IS NULL
+               ELSE id = %(run_id)s::uuid END
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -266,6 +286,29 @@ WITH expired AS (
     WHERE a.run_id = reaped.id AND a.lease_token = reaped.expired_token
 )
 SELECT id, status, agent FROM reaped;
+
+-- name: expired_lane_leases
+SELECT id, lane_id FROM runlane.runs
+WHERE status IN ('running', 'cancel_requested') AND lease_expires_at < now()
+  AND lane_id IS NOT NULL
+ORDER BY lease_expires_at
+LIMIT %(limit)s;
+
+-- name: lock_lane
+-- The lane row lock that every change to a lane (and to its runs' status)
+-- takes first.
+SELECT id FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
+
+-- name: lock_lane_of_run
+-- A run's lane never changes, so reading lane_id unlocked is safe.
+SELECT l.id FROM runlane.lanes AS l
+WHERE l.id = (SELECT lane_id FROM runlane.runs WHERE id = %(run_id)s)
+FOR UPDATE;
+
+-- name: unpause_lane_for_run
+UPDATE runlane.lanes
+SET paused_run_id = NULL, paused_reason = NULL, updated_at = now()
+WHERE id = %(lane_id)s AND paused_run_id = %(run_id)s;
 
 -- name: try_maintenance_lock
 SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS locked;

@@ -1,0 +1,166 @@
+-- Named queries of the lanes layer. Each block starts with "-- name: NAME";
+-- runlane.lane_store owns them. Every statement that changes a lane runs in
+-- a transaction that took the lane's row lock first (upsert_lane or
+-- lock_lane).
+
+-- name: upsert_lane
+-- Finds or creates the lane and locks its row.
+INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)
+VALUES (%(tenant)s, %(user_id)s, %(agent)s, %(thread_id)s)
+ON CONFLICT (tenant, user_id, agent, thread_id) DO UPDATE SET updated_at = now()
+RETURNING *;
+
+-- name: find_lane
+SELECT * FROM runlane.lanes
+WHERE tenant = %(tenant)s AND user_id = %(user_id)s AND agent = %(agent)s
+  AND thread_id = %(thread_id)s;
+
+-- name: lock_lane
+SELECT * FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
+
+-- name: lane_facts
+-- What intake and continue decide on; the caller holds the lane lock.
+SELECT
+    (SELECT id FROM runlane.runs
+     WHERE lane_id = %(lane_id)s AND status IN ('pending', 'running', 'cancel_requested'))
+        AS active_run_id,
+    (SELECT status FROM runlane.runs
+     WHERE lane_id = %(lane_id)s AND status IN ('pending', 'running', 'cancel_requested'))
+        AS active_run_status,
+    (SELECT count(*) FROM runlane.requests
+     WHERE lane_id = %(lane_id)s AND status = 'queued') AS queued,
+    (SELECT id FROM runlane.requests
+     WHERE lane_id = %(lane_id)s AND status = 'queued' AND steer) AS queued_steer_id;
+
+-- name: find_request
+SELECT * FROM runlane.requests WHERE tenant = %(tenant)s AND request_id = %(request_id)s;
+
+-- name: insert_request
+-- Stores a request in the lane's server order.
+WITH lane AS (
+    UPDATE runlane.lanes SET last_request_order = last_request_order + 1
+    WHERE id = %(lane_id)s
+    RETURNING last_request_order
+)
+INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, steer, status, reason,
+                              input, priority, max_attempts, budget, metadata,
+                              request_order, ended_at)
+SELECT %(request_id)s, %(tenant)s, %(lane_id)s, %(policy)s, %(steer)s, %(status)s, %(reason)s,
+       %(input)s, %(priority)s, %(max_attempts)s, %(budget)s, %(metadata)s,
+       lane.last_request_order, CASE WHEN %(status)s = 'queued' THEN NULL ELSE now() END
+FROM lane
+RETURNING id;
+
+-- name: dispatch_head
+SELECT runlane.dispatch_head(%(lane_id)s) AS run_id;
+
+-- name: request_steer
+-- Asks the lane's running run to yield at its next safe point.
+WITH asked AS (
+    UPDATE runlane.runs SET steer_requested_at = coalesce(steer_requested_at, now())
+    WHERE id = %(run_id)s AND status IN ('running', 'cancel_requested')
+    RETURNING id
+)
+SELECT pg_notify('runlane_steer', id::text) FROM asked;
+
+-- name: steer_pending_run
+-- A steer supersedes a run that has not started (or waits for a retry):
+-- it ends completed with outcome steered, and the relay trigger
+-- dispatches the steer in this same transaction.
+UPDATE runlane.runs
+SET status = 'completed', outcome = 'steered', finished_at = now(),
+    steer_requested_at = coalesce(steer_requested_at, now())
+WHERE id = %(run_id)s AND status = 'pending';
+
+-- name: request_with_position
+-- A request with its live position (1 = next) while queued: a steer goes
+-- first, then server order.
+SELECT q.*, l.user_id, l.agent, l.thread_id,
+       CASE WHEN q.status = 'queued' THEN 1 + (
+           SELECT count(*) FROM runlane.requests AS o
+           WHERE o.lane_id = q.lane_id AND o.status = 'queued'
+             AND ((o.steer AND NOT q.steer)
+                  OR (o.steer = q.steer AND o.request_order < q.request_order)))
+       END AS position
+FROM runlane.requests AS q JOIN runlane.lanes AS l ON l.id = q.lane_id
+WHERE q.id = %(id)s;
+
+-- name: queued_requests
+SELECT q.*, l.user_id, l.agent, l.thread_id,
+       row_number() OVER (ORDER BY q.steer DESC, q.request_order) AS position
+FROM runlane.requests AS q JOIN runlane.lanes AS l ON l.id = q.lane_id
+WHERE q.lane_id = %(lane_id)s AND q.status = 'queued'
+ORDER BY q.steer DESC, q.request_order;
+
+-- name: cancel_request
+UPDATE runlane.requests SET status = 'cancelled', ended_at = now()
+WHERE id = %(id)s AND status = 'queued'
+RETURNING id;
+
+-- name: promote_request
+UPDATE runlane.requests SET steer = true
+WHERE id = %(id)s AND status = 'queued'
+RETURNING id;
+
+-- name: unpause_lane
+UPDATE runlane.lanes
+SET paused_run_id = NULL, paused_reason = NULL, updated_at = now()
+WHERE id = %(lane_id)s;
+
+-- name: insert_resume_run
+-- The resume of an interrupted run: a new run outside the request queue,
+-- with the answer and the interrupted run's last checkpoint.
+WITH resumed AS (
+    INSERT INTO runlane.runs (tenant, thread_id, agent, input, priority, max_attempts,
+                              budget, metadata, checkpoint, lane_id, request_id, kind,
+                              resumed_from, resume_value)
+    SELECT tenant, thread_id, agent, input, priority, max_attempts, budget, metadata,
+           checkpoint, lane_id, request_id, 'resume', id, %(value)s
+    FROM runlane.runs
+    WHERE id = %(run_id)s AND status = 'interrupted'
+    RETURNING *
+), cleared AS (
+    UPDATE runlane.lanes SET interrupted_run_id = NULL, updated_at = now()
+    WHERE id = (SELECT lane_id FROM resumed) AND interrupted_run_id = %(run_id)s
+), notified AS (
+    SELECT pg_notify('runlane_wakeup', agent) FROM resumed
+)
+SELECT resumed.*, (SELECT count(*) FROM notified) AS notified FROM resumed;
+
+-- name: request_of_run
+SELECT id FROM runlane.requests WHERE run_id = %(run_id)s;
+
+-- name: lock_run
+SELECT status FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE;
+
+-- name: find_resume
+SELECT * FROM runlane.runs WHERE resumed_from = %(run_id)s;
+
+-- name: lanes_needing_dispatch
+-- Lanes with queued requests that are idle, not paused, not interrupted.
+-- Walks only queued requests (a partial index), so its cost grows with the
+-- lanes that have work, not with every lane ever used.
+SELECT DISTINCT q.lane_id FROM runlane.requests AS q
+WHERE q.status = 'queued'
+  AND NOT EXISTS (
+      SELECT 1 FROM runlane.runs AS r
+      WHERE r.lane_id = q.lane_id AND r.status IN ('pending', 'running', 'cancel_requested'))
+  AND EXISTS (
+      SELECT 1 FROM runlane.lanes AS l
+      WHERE l.id = q.lane_id AND l.paused_run_id IS NULL AND l.interrupted_run_id IS NULL)
+LIMIT %(limit)s;
+
+-- name: expired_interrupts
+SELECT id, lane_id FROM runlane.runs
+WHERE status = 'interrupted' AND interrupt_expires_at < now()
+ORDER BY interrupt_expires_at
+LIMIT %(limit)s;
+
+-- name: expire_interrupt
+-- The caller holds the run's lane lock (if it has a lane).
+UPDATE runlane.runs
+SET status = 'cancelled', finished_at = now(),
+    error = jsonb_build_object('code', 'interrupt_expired',
+                               'message', 'nobody answered the interrupt in time')
+WHERE id = %(run_id)s AND status = 'interrupted' AND interrupt_expires_at < now()
+RETURNING id;
