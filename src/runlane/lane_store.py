@@ -39,6 +39,16 @@ from runlane.queries import named_queries
 Conn = AsyncConnection[DictRow]
 
 
+# The advisory lock of the lane recovery pass ("rl_recov").
+RECOVERY_LOCK_KEY = 0x726C5F7265636F76
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    dispatched: int
+    interrupts_expired: int
+
+
 @dataclass(frozen=True, slots=True)
 class NewRequest:
     lane: LaneKey
@@ -330,11 +340,16 @@ class LaneStore:
 
     # -- recovery -------------------------------------------------------------
 
-    async def dispatch_idle_lanes(self, *, limit: int = 500) -> int:
-        """Dispatches the head of every idle lane with queued requests (which
-        only a crash between two statements, or an operator, can leave)."""
-        dispatched = 0
-        async with self.pool.connection() as conn:
+    async def recover(self, *, limit: int = 500) -> RecoveryResult | None:
+        """One maintenance pass, under an advisory lock (None when another
+        process holds it): dispatches the head of every idle lane that has
+        queued requests (only a crash or an operator's edit leaves one), and
+        ends unanswered interrupts past their expiry, cancelled."""
+        async with self.pool.connection() as conn, conn.transaction():
+            locked = await self._one(conn, "try_recovery_lock", {"lock_key": RECOVERY_LOCK_KEY})
+            if not locked or not locked["locked"]:
+                return None
+            dispatched = expired = 0
             for row in await self._all(conn, "lanes_needing_dispatch", {"limit": limit}):
                 async with conn.transaction():
                     lane = await self._one(conn, "lock_lane", {"lane_id": row["lane_id"]})
@@ -343,19 +358,13 @@ class LaneStore:
                     if facts.may_start_run and facts.queued:
                         await conn.execute(self._sql["dispatch_head"], {"lane_id": lane["id"]})
                         dispatched += 1
-        return dispatched
-
-    async def expire_interrupts(self, *, limit: int = 500) -> int:
-        """Ends unanswered interrupted runs past their expiry, cancelled."""
-        expired = 0
-        async with self.pool.connection() as conn:
             for row in await self._all(conn, "expired_interrupts", {"limit": limit}):
                 async with conn.transaction():
                     if row["lane_id"] is not None:
                         await conn.execute(self._sql["lock_lane"], {"lane_id": row["lane_id"]})
                     if await self._one(conn, "expire_interrupt", {"run_id": row["id"]}):
                         expired += 1
-        return expired
+            return RecoveryResult(dispatched=dispatched, interrupts_expired=expired)
 
 
 def _key_params(key: LaneKey) -> dict[str, str]:

@@ -27,9 +27,11 @@ from runlane.context import TRANSIENT_ERRORS
 from runlane.database import create_pool
 from runlane.execution import Execution, StopReason
 from runlane.heartbeat import Heartbeat
+from runlane.lane_store import LaneStore
 from runlane.listener import Listener
 from runlane.models import ClaimedRun
 from runlane.reaper import Reaper
+from runlane.recovery import Recovery
 from runlane.settings import Settings
 from runlane.store import RunStore
 
@@ -105,6 +107,11 @@ class Worker:
             if run_reaper
             else None
         )
+        self.recovery: Recovery | None = (
+            Recovery(LaneStore(self._pool), interval_seconds=self.settings.reaper_interval_seconds)
+            if run_reaper
+            else None
+        )
         # Counters a test or an operator can read.
         self.wakeups_by_notify = 0
         self.claims = 0
@@ -118,6 +125,8 @@ class Worker:
             await self.listener.start()
         if self.reaper is not None:
             await self.reaper.start()
+        if self.recovery is not None:
+            await self.recovery.start()
         self._claim_task = asyncio.create_task(self._claim_loop(), name="runlane-claim")
         logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
 
@@ -145,6 +154,8 @@ class Worker:
             await self.listener.stop()
         if self.reaper is not None:
             await self.reaper.stop()
+        if self.recovery is not None:
+            await self.recovery.stop()
         await self._pool.close()
         logger.info("worker %s stopped", self.worker_id)
 

@@ -9,8 +9,10 @@ import pytest
 
 from runlane.errors import LaneRefused, NotFound
 from runlane.lane_service import LaneService
+from runlane.lane_store import RECOVERY_LOCK_KEY, RecoveryResult
 from runlane.lanes import LaneState, RequestStatus
 from runlane.models import Outcome, RunStatus
+from runlane.queries import named_queries
 from runlane.service import RunService
 from runlane.store import RunStore
 from tests.integration.lane_helpers import (
@@ -525,9 +527,9 @@ async def test_an_unanswered_interrupt_expires_cancelled(
     await run_to_end(
         store, first.run_id, Outcome.INTERRUPTED, interrupt={}, interrupt_expires_in=60
     )
-    assert await lanes.lanes.expire_interrupts() == 0
+    assert await lanes.lanes.recover() == RecoveryResult(dispatched=0, interrupts_expired=0)
     sql.execute("UPDATE runlane.runs SET interrupt_expires_at = now() - interval '1 second'")
-    assert await lanes.lanes.expire_interrupts() == 1
+    assert await lanes.lanes.recover() == RecoveryResult(dispatched=0, interrupts_expired=1)
     run = await service.get(first.run_id)
     assert run.status is RunStatus.CANCELLED and run.error["code"] == "interrupt_expired"
     assert (await snapshot(lanes, "t1")).state is LaneState.IDLE
@@ -549,8 +551,43 @@ async def test_recovery_dispatches_idle_lanes_with_queued_requests(
         " WHERE input->>'text' = 'one'"
     )
     sql.execute("SET session_replication_role = origin")
-    assert await lanes.lanes.dispatch_idle_lanes() == 1
+    assert await lanes.lanes.recover() == RecoveryResult(dispatched=1, interrupts_expired=0)
     snap = await snapshot(lanes, "t1")
     run = await service.get(snap.run_id)  # type: ignore[arg-type]
     assert run.input == {"text": "two"}
-    assert await lanes.lanes.dispatch_idle_lanes() == 0
+    assert await lanes.lanes.recover() == RecoveryResult(dispatched=0, interrupts_expired=0)
+
+
+async def test_one_recovery_pass_at_a_time(lanes: LaneService, db_url: str) -> None:
+    with psycopg.connect(db_url) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (RECOVERY_LOCK_KEY,))
+        assert await lanes.lanes.recover() is None
+
+
+async def test_recovery_reads_only_lanes_with_queued_requests(
+    lanes: LaneService, sql: Conn
+) -> None:
+    """The recovery query walks the partial index of queued requests: its
+    cost grows with the lanes that need work, not with all lanes ever used."""
+    sql.execute(
+        "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+        " SELECT 'acme', 'ann', 'bot', 'old-' || i FROM generate_series(1, 20000) AS i"
+    )
+    sql.execute(
+        "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
+        " max_attempts, request_order, ended_at)"
+        " SELECT 'r-' || id, 'acme', id, 'enqueue', 'cancelled', '{}', 3, 1, now()"
+        " FROM runlane.lanes"
+    )
+    await submit(lanes, "t1", "one")
+    await submit(lanes, "t1", "two")
+    sql.execute("ANALYZE runlane.requests")
+    sql.execute("ANALYZE runlane.lanes")
+    sql.execute("ANALYZE runlane.runs")
+    query = named_queries("lanes.sql")["lanes_needing_dispatch"]
+    plan = "\n".join(
+        row[0] for row in sql.execute("EXPLAIN " + query.replace("%(limit)s", "500")).fetchall()
+    )
+    assert "requests_queue_idx" in plan, plan
+    assert "Seq Scan on requests" not in plan, plan
+    assert "Seq Scan on lanes" not in plan, plan

@@ -164,3 +164,6 @@ SET status = 'cancelled', finished_at = now(),
                                'message', 'nobody answered the interrupt in time')
 WHERE id = %(run_id)s AND status = 'interrupted' AND interrupt_expires_at < now()
 RETURNING id;
+
+-- name: try_recovery_lock
+SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS locked;
