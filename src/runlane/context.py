@@ -14,6 +14,7 @@ import psycopg_pool
 
 from runlane.models import ClaimedRun
 from runlane.outcomes import (
+    MAX_DELAY_SECONDS,
     BudgetExceeded,
     Interrupted,
     LeaseLost,
@@ -21,6 +22,7 @@ from runlane.outcomes import (
     ShutdownRequested,
     Steered,
 )
+from runlane.redaction import redact
 from runlane.store import RunStore
 
 T = TypeVar("T")
@@ -150,14 +152,16 @@ class RunContext:
         human). A resume starts a new run of this agent with the answer in
         ``ctx.resume_value`` and this run's last checkpoint. With
         ``expires_in`` seconds, an unanswered interrupt ends ``cancelled``."""
-        if expires_in is not None and expires_in <= 0:
-            raise ValueError("expires_in must be > 0")
+        if expires_in is not None and not 0 < expires_in <= MAX_DELAY_SECONDS:
+            raise ValueError(f"expires_in must be between 0 and {MAX_DELAY_SECONDS} seconds")
         raise Interrupted(payload, expires_in)
 
     async def emit(self, kind: str, data: Any = None) -> int:
         """Appends an event to the run's stream; returns its seq."""
+        # Events are shown to users: secrets never reach the stream.
+        safe = redact({} if data is None else data)
         seq = await self._fenced(
-            lambda: self._store.append_event(self.run_id, self.lease_token, kind, data or {})
+            lambda: self._store.append_event(self.run_id, self.lease_token, kind, safe)
         )
         if seq is None:
             self._lost()

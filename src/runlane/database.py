@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -29,12 +31,14 @@ def resolve_database_url(settings: Settings, *, apply_migrations: bool = True) -
 
 # Bounded connects, and TCP keepalives so a dead peer is noticed in seconds
 # rather than hours (ignored on Unix sockets).
-CONNECT_OPTIONS: dict[str, int] = {
+CONNECT_OPTIONS: dict[str, Any] = {
     "connect_timeout": 5,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 3,
     "keepalives_count": 3,
+    # Unacknowledged writes fail after 10 s instead of hanging on a dead peer.
+    "tcp_user_timeout": 10_000,
 }
 
 

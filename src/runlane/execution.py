@@ -11,6 +11,8 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import psycopg
+
 from runlane.context import TRANSIENT_ERRORS, LeaseClock, RunContext
 from runlane.models import ClaimedRun, Outcome, Run
 from runlane.outcomes import (
@@ -23,6 +25,7 @@ from runlane.outcomes import (
     ShutdownRequested,
     Steered,
 )
+from runlane.redaction import redact
 from runlane.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ class Execution:
         self._handler_task: asyncio.Task[Any] | None = None
         self.stop_reason: StopReason | None = None
         self.final: Run | None = None
+        self._timers: list[asyncio.TimerHandle] = []
 
     @property
     def lease_token(self) -> Any:
@@ -73,6 +77,16 @@ class Execution:
             self.context.mark_lease_lost()
         if self._handler_task is not None and not self._handler_task.done():
             self._handler_task.cancel(msg=f"runlane: {reason}")
+
+    def stop_after(self, seconds: float, reason: StopReason) -> None:
+        """Stops the handler after ``seconds`` unless it has ended by then."""
+        loop = asyncio.get_running_loop()
+        self._timers.append(loop.call_later(seconds, self.stop, reason))
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
 
     async def run(self) -> None:
         """Runs the attempt to its end; never raises for the handler's sake."""
@@ -88,14 +102,19 @@ class Execution:
         )
         try:
             result = await asyncio.shield(self._handler_task)
-        except asyncio.CancelledError:
-            if self._handler_task.cancelled() and self.stop_reason is not None:
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # This task itself was cancelled (the event loop is going
+                # away): stop the handler too; the lease expires and is reaped.
+                self._handler_task.cancel()
+                raise
+            if self.stop_reason is not None:
                 await self._after_stop()
                 return
-            # This task itself was cancelled (the event loop is going away):
-            # stop the handler too; the lease will expire and be reaped.
-            self._handler_task.cancel()
-            raise
+            # The handler's own code was cancelled (say, a sub-task it awaited):
+            # an ordinary failure, retried with backoff.
+            await self._finish(Outcome.RETRY, error=_exception_error(exc))
         except Retry as exc:
             await self._finish(
                 Outcome.RETRY,
@@ -127,12 +146,11 @@ class Execution:
         except Exception as exc:
             await self._finish(Outcome.RETRY, error=_exception_error(exc))
         else:
-            try:
-                json.dumps(result)
-            except (TypeError, ValueError) as exc:
+            problem = json_problem(result)
+            if problem is not None:
                 await self._finish(
                     Outcome.FAILED,
-                    error={"code": "invalid_output", "message": f"output is not JSON: {exc}"},
+                    error={"code": "invalid_output", "message": f"output is not JSON: {problem}"},
                 )
             else:
                 await self._finish(Outcome.COMPLETED, output=result)
@@ -159,6 +177,7 @@ class Execution:
         interrupt_expires_in: float | None = None,
     ) -> None:
         """Writes the outcome, retrying transient errors while the lease lasts."""
+        error = redact(error)
         delay = 0.05
         while not self.context.lease_lost:
             try:
@@ -182,6 +201,20 @@ class Execution:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            except psycopg.Error as exc:
+                # The database refused the outcome itself (a value it cannot
+                # store): end the run failed with a clean error rather than
+                # abandon its lease and have the handler run again.
+                logger.exception("run %s: the database refused outcome %s", self.run_id, outcome)
+                if error is not None and error.get("code") == "outcome_write_failed":
+                    return
+                outcome, output, interrupt = Outcome.FAILED, None, None
+                retry_delay_seconds = interrupt_expires_in = None
+                error = {
+                    "code": "outcome_write_failed",
+                    "message": f"the outcome could not be stored: {type(exc).__name__}",
+                }
+                continue
             if self.final is None:
                 logger.warning("run %s: lease lost before %s was recorded", self.run_id, outcome)
                 self.context.mark_lease_lost()
@@ -189,10 +222,21 @@ class Execution:
         logger.warning("run %s: lease ran out before %s was recorded", self.run_id, outcome)
 
 
+def json_problem(value: Any) -> str | None:
+    """Why PostgreSQL's jsonb would refuse ``value``, or None."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    if "\\u0000" in encoded:
+        return "NUL characters (\\u0000) cannot be stored"
+    return None
+
+
 def _exception_error(exc: BaseException) -> dict[str, Any]:
     return {
         "code": "exception",
         "type": type(exc).__qualname__,
-        "message": str(exc),
+        "message": str(exc).replace("\x00", ""),
         "traceback": "".join(traceback.format_exception(exc))[-4000:],
     }

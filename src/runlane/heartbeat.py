@@ -96,6 +96,8 @@ class Heartbeat:
                     )
                     execution.stop(StopReason.LEASE_LOST)
                 continue
+            if not state.renewed:
+                continue  # the row was busy; the next tick tries again
             execution.lease.renewed(sent_at)
             if state.status is RunStatus.CANCEL_REQUESTED:
                 self._on_cancel_requested(execution)
@@ -108,9 +110,14 @@ class Heartbeat:
         while True:
             try:
                 await self.renew()
-            except TRANSIENT_ERRORS as exc:
+            except Exception as exc:
+                # Any failure (a connection cut, a read-only failover, a bug)
+                # is retried soon; the watchdog alone decides to stop runs.
                 self.failures += 1
-                logger.warning("heartbeat failed (%r); retrying in %.1fs", exc, retry_after)
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    logger.warning("heartbeat failed (%r); retrying in %.1fs", exc, retry_after)
+                else:
+                    logger.exception("heartbeat failed; retrying in %.1fs", retry_after)
                 await asyncio.sleep(retry_after)
                 continue
             await asyncio.sleep(self._interval)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
+from runlane.database import CONNECT_OPTIONS
+
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[str, str], None]
@@ -56,7 +58,7 @@ class Listener:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self._url, autocommit=True, connect_timeout=5
+                    self._url, autocommit=True, **CONNECT_OPTIONS
                 )
                 async with conn:
                     for channel in self._channels:
@@ -68,8 +70,8 @@ class Listener:
                     delay = 0.1
                     async for notify in conn.notifies():
                         self._handler(notify.channel, notify.payload)
-            except (psycopg.OperationalError, OSError) as exc:
+            except Exception as exc:
                 self.connected.clear()
-                logger.warning("listener connection lost (%s); reconnecting in %.1fs", exc, delay)
+                logger.warning("listener connection lost (%r); reconnecting in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

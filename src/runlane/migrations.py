@@ -41,6 +41,10 @@ def migrate(conninfo: str) -> list[Migration]:
     A session-level advisory lock serialises concurrent callers, so ten
     processes starting at once apply each migration exactly once.
     """
+    # Read-only first: an up-to-date schema needs no lock and no DDL rights,
+    # so a least-privilege application role can start every command.
+    if not pending_migrations(conninfo):
+        return []
     applied_now: list[Migration] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))

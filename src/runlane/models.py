@@ -58,6 +58,7 @@ class Outcome(enum.StrEnum):
 class Run:
     id: UUID
     tenant: str
+    user_id: str
     thread_id: str | None
     agent: str
     status: RunStatus
@@ -97,6 +98,7 @@ class Run:
         return cls(
             id=row["id"],
             tenant=row["tenant"],
+            user_id=row["user_id"],
             thread_id=row["thread_id"],
             agent=row["agent"],
             status=RunStatus(row["status"]),
@@ -177,5 +179,11 @@ class Event:
 class LeaseState:
     """One held lease as the heartbeat saw it."""
 
-    status: RunStatus
+    # None when the row was busy (locked) this tick: neither renewed nor lost.
+    status: RunStatus | None
     steer_requested: bool
+    still_held: bool = True
+
+    @property
+    def renewed(self) -> bool:
+        return self.status is not None

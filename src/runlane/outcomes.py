@@ -7,14 +7,18 @@ writes) to stop its work; a handler should let them propagate.
 
 from __future__ import annotations
 
+# The longest wait runlane accepts anywhere (a delay, a retry, a budget, an
+# interrupt's expiry): one year. Longer values overflow timestamps.
+MAX_DELAY_SECONDS = 365 * 24 * 3600
+
 
 class Retry(Exception):
     """Ask for another attempt, after ``delay`` seconds (default: backoff)."""
 
     def __init__(self, message: str = "retry requested", *, delay: float | None = None) -> None:
         super().__init__(message)
-        if delay is not None and delay < 0:
-            raise ValueError("delay must be >= 0")
+        if delay is not None and not 0 <= delay <= MAX_DELAY_SECONDS:
+            raise ValueError(f"delay must be between 0 and {MAX_DELAY_SECONDS} seconds")
         self.delay = delay
 
 

@@ -50,4 +50,7 @@ class Reaper:
                 await self.sweep()
             except TRANSIENT_ERRORS as exc:
                 logger.warning("reaper sweep failed: %s", exc)
+            except Exception:
+                # Never let the loop die: a dead reaper strands expired runs.
+                logger.exception("reaper sweep failed")
             await asyncio.sleep(self._interval)

@@ -51,4 +51,6 @@ class Recovery:
                 await self.run_once()
             except TRANSIENT_ERRORS as exc:
                 logger.warning("recovery pass failed: %s", exc)
+            except Exception:
+                logger.exception("recovery pass failed")
             await asyncio.sleep(self._interval)

@@ -23,6 +23,7 @@ from runlane.errors import (
     RunFinished,
 )
 from runlane.models import Attempt, Event, Run, RunStatus
+from runlane.outcomes import MAX_DELAY_SECONDS
 from runlane.settings import Settings
 from runlane.store import NewRun, RunCursor, RunStore
 
@@ -59,6 +60,7 @@ class RunService:
         input: Any,
         *,
         tenant: str = "default",
+        user_id: str = "default",
         priority: int = 0,
         delay_seconds: float = 0.0,
         max_attempts: int | None = None,
@@ -76,8 +78,8 @@ class RunService:
             budget=budget,
             metadata=metadata,
         )
-        if not _finite_number(delay_seconds) or delay_seconds < 0:
-            raise InvalidInput("delay must be a number of seconds >= 0")
+        if not _finite_number(delay_seconds) or not 0 <= delay_seconds <= MAX_DELAY_SECONDS:
+            raise InvalidInput(f"delay must be 0 to {MAX_DELAY_SECONDS} seconds")
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 200
         ):
@@ -88,6 +90,7 @@ class RunService:
                 input=input,
                 max_attempts=checked.max_attempts,
                 tenant=tenant,
+                user_id=user_id,
                 priority=priority,
                 delay_seconds=float(delay_seconds),
                 budget=checked.budget,
@@ -96,10 +99,18 @@ class RunService:
             )
         )
 
-    async def get(self, run_id: str | UUID, *, tenant: str | None = None) -> Run:
+    async def get(
+        self, run_id: str | UUID, *, tenant: str | None = None, user_id: str | None = None
+    ) -> Run:
+        """The run; NotFound too when it is outside the given tenant (or
+        user), so that existence never leaks across tenants."""
         parsed = parse_run_id(run_id)
         run = await self.store.get_run(parsed)
-        if run is None or (tenant is not None and run.tenant != tenant):
+        if (
+            run is None
+            or (tenant is not None and run.tenant != tenant)
+            or (user_id is not None and run.user_id != user_id)
+        ):
             raise NotFound(f"no run {run_id}")
         return run
 
@@ -107,6 +118,8 @@ class RunService:
         self,
         *,
         tenant: str | None = None,
+        user_id: str | None = None,
+        thread_id: str | None = None,
         statuses: Sequence[RunStatus] | None = None,
         agent: str | None = None,
         after: RunCursor | None = None,
@@ -115,7 +128,13 @@ class RunService:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         return await self.store.list_runs(
-            tenant=tenant, statuses=statuses, agent=agent, after=after, limit=limit
+            tenant=tenant,
+            user_id=user_id,
+            thread_id=thread_id,
+            statuses=statuses,
+            agent=agent,
+            after=after,
+            limit=limit,
         )
 
     async def cancel(self, run_id: str | UUID, *, tenant: str | None = None) -> Run:
@@ -236,8 +255,10 @@ def _check_budget(budget: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise InvalidInput(f"unknown budget keys: {sorted(unknown)}")
     seconds = budget.get("max_seconds")
-    if seconds is not None and (not _finite_number(seconds) or seconds <= 0):
-        raise InvalidInput("budget.max_seconds must be a number > 0")
+    if seconds is not None and (
+        not _finite_number(seconds) or not 0 < seconds <= MAX_DELAY_SECONDS
+    ):
+        raise InvalidInput(f"budget.max_seconds must be a number from 0 to {MAX_DELAY_SECONDS}")
     turns = budget.get("max_turns")
     if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
         raise InvalidInput("budget.max_turns must be an integer >= 1")

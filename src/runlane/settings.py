@@ -42,9 +42,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _heartbeat_within_lease(self) -> Settings:
-        if self.heartbeat_seconds * 2 > self.lease_seconds:
+        # Three renewals per lease: one slow or failed renewal must not
+        # reach the watchdog's limit (80% of the lease).
+        if self.heartbeat_seconds * 3 > self.lease_seconds:
             raise ValueError(
-                "heartbeat_seconds must be at most half of lease_seconds "
+                "heartbeat_seconds must be at most a third of lease_seconds "
                 f"(got heartbeat {self.heartbeat_seconds}s, lease {self.lease_seconds}s)"
             )
         return self

@@ -35,6 +35,7 @@ class NewRun:
     input: Any
     max_attempts: int
     tenant: str = "default"
+    user_id: str = "default"
     priority: int = 0
     delay_seconds: float = 0.0
     budget: dict[str, Any] | None = None
@@ -78,6 +79,7 @@ class RunStore:
         run instead. The bool says whether this call created it."""
         params = {
             "tenant": new.tenant,
+            "user_id": new.user_id,
             "agent": new.agent,
             "input": Jsonb(new.input),
             "priority": new.priority,
@@ -105,6 +107,8 @@ class RunStore:
         self,
         *,
         tenant: str | None = None,
+        user_id: str | None = None,
+        thread_id: str | None = None,
         statuses: Sequence[RunStatus] | None = None,
         agent: str | None = None,
         after: RunCursor | None = None,
@@ -114,6 +118,8 @@ class RunStore:
             "list_runs",
             {
                 "tenant": tenant,
+                "user_id": user_id,
+                "thread_id": thread_id,
                 "statuses": [str(s) for s in statuses] if statuses else None,
                 "agent": agent,
                 "before_created_at": after.created_at if after else None,
@@ -184,15 +190,18 @@ class RunStore:
         lease_seconds: float,
         agents: Sequence[str] | None = None,
     ) -> list[ClaimedRun]:
-        rows = await self._fetch_all(
-            "claim_batch",
-            {
-                "worker_id": worker_id,
-                "limit": limit,
-                "lease_seconds": float(lease_seconds),
-                "agents": list(agents) if agents is not None else None,
-            },
-        )
+        params = {
+            "worker_id": worker_id,
+            "limit": limit,
+            "lease_seconds": float(lease_seconds),
+            "agents": list(agents) if agents is not None else None,
+        }
+        if agents is None:
+            rows = await self._fetch_all("claim_batch", params)
+        elif not agents:
+            return []
+        else:
+            rows = await self._fetch_all("claim_batch_for_agents", params)
         return [
             ClaimedRun(
                 run=Run.from_row(row),
@@ -206,8 +215,9 @@ class RunStore:
         self, leases: Sequence[tuple[UUID, UUID]], *, lease_seconds: float
     ) -> dict[UUID, LeaseState]:
         """Renews every (run_id, lease_token) in one statement. Returns the
-        runs whose lease is still held, with their status and whether a
-        steer waits; the others are lost."""
+        runs whose lease is still held: renewed (with their status and
+        whether a steer waits) or, when their row was busy, not renewed this
+        tick (status None). A run missing from the answer lost its lease."""
         if not leases:
             return {}
         rows = await self._fetch_all(
@@ -220,7 +230,10 @@ class RunStore:
         )
         return {
             row["id"]: LeaseState(RunStatus(row["status"]), bool(row["steer_requested"]))
+            if row["renewed"]
+            else LeaseState(None, False, still_held=row["still_held"])
             for row in rows
+            if row["renewed"] or row["still_held"]
         }
 
     async def finish_attempt(

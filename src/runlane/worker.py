@@ -49,6 +49,12 @@ def new_worker_id() -> str:
 class Worker:
     """Serves ``app``'s agents from the database at ``url``.
 
+    It claims only runs of the agents it serves (``agents``, default: all
+    the app registers), so workers of other apps, or of an older version
+    during a rolling deploy, never take runs they cannot run. With
+    ``claim_unknown_agents=True`` it claims runs of every agent and fails
+    those it does not know with ``unknown_agent`` (one app per database).
+
     ``listen=False`` ignores NOTIFY (polling only); ``notify=False`` sends
     none. Both exist to show that polling alone makes progress.
     """
@@ -63,6 +69,7 @@ class Worker:
         settings: Settings | None = None,
         worker_id: str | None = None,
         agents: Sequence[str] | None = None,
+        claim_unknown_agents: bool = False,
         listen: bool = True,
         notify: bool = True,
         run_reaper: bool = True,
@@ -75,7 +82,8 @@ class Worker:
         self.concurrency = concurrency
         self.batch_size = batch_size or concurrency
         self.worker_id = worker_id or new_worker_id()
-        self.agents = list(agents) if agents is not None else None
+        self._served = list(agents) if agents is not None else None
+        self.claim_unknown_agents = claim_unknown_agents
         self._listen = listen
         self._pool = create_pool(url, min_size=2, max_size=concurrency + 3)
         self.store = RunStore(self._pool, notify=notify)
@@ -115,6 +123,14 @@ class Worker:
         # Counters a test or an operator can read.
         self.wakeups_by_notify = 0
         self.claims = 0
+        self.claim_failures = 0
+
+    @property
+    def agents(self) -> list[str] | None:
+        """The agents whose runs this worker claims; None means every agent."""
+        if self.claim_unknown_agents:
+            return None
+        return self._served if self._served is not None else list(self.app.agents)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -137,8 +153,24 @@ class Worker:
         self._stopping = True
         self._wake.set()
         if self._claim_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._claim_task
+            except BaseException:
+                logger.exception("claim loop ended with an error")
+        try:
+            await self._release(grace)
+        finally:
+            await self.heartbeat.stop()
+            if self.listener is not None:
+                await self.listener.stop()
+            if self.reaper is not None:
+                await self.reaper.stop()
+            if self.recovery is not None:
+                await self.recovery.stop()
+            await self._pool.close()
+        logger.info("worker %s stopped", self.worker_id)
+
+    async def _release(self, grace: float) -> None:
         for execution in self.executions.values():
             execution.context.mark_shutdown_requested()
         running = list(self._tasks.values())
@@ -149,15 +181,6 @@ class Worker:
         remaining = list(self._tasks.values())
         if remaining:
             await asyncio.wait(remaining, timeout=self.settings.lease_seconds)
-        await self.heartbeat.stop()
-        if self.listener is not None:
-            await self.listener.stop()
-        if self.reaper is not None:
-            await self.reaper.stop()
-        if self.recovery is not None:
-            await self.recovery.stop()
-        await self._pool.close()
-        logger.info("worker %s stopped", self.worker_id)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -196,8 +219,14 @@ class Worker:
                         lease_seconds=self.settings.lease_seconds,
                         agents=self.agents,
                     )
-                except TRANSIENT_ERRORS as exc:
-                    logger.warning("claim failed (%s); retrying", exc)
+                except Exception as exc:
+                    self.claim_failures += 1
+                    # The claim loop must outlive any error: a dead loop
+                    # leaves a process that looks alive and claims nothing.
+                    if isinstance(exc, TRANSIENT_ERRORS):
+                        logger.warning("claim failed (%s); retrying", exc)
+                    else:
+                        logger.exception("claim failed; retrying")
                     await self._sleep_or_wake(poll)
                     continue
                 for claimed in batch:
@@ -231,15 +260,20 @@ class Worker:
         except Exception:
             logger.exception("run %s: unexpected error in the worker", execution.run_id)
         finally:
-            self.executions.pop(execution.run_id, None)
-            self._tasks.pop(execution.run_id, None)
+            execution.close()
+            # The same run may already be claimed again by this worker (a
+            # retry with no delay): only forget this attempt's own entry.
+            if self.executions.get(execution.run_id) is execution:
+                del self.executions[execution.run_id]
+                self._tasks.pop(execution.run_id, None)
             self._wake.set()
 
     # -- notices -------------------------------------------------------------
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == WAKEUP_CHANNEL:
-            if self.agents is None or not payload or payload in self.agents:
+            agents = self.agents
+            if agents is None or not payload or payload in agents:
                 self.wakeups_by_notify += 1
                 self._wake.set()
         elif channel in (CANCEL_CHANNEL, STEER_CHANNEL):
@@ -262,5 +296,4 @@ class Worker:
         if not execution.context.mark_cancel_requested():
             return
         logger.info("run %s: cancel requested", execution.run_id)
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.settings.cancel_grace_seconds, execution.stop, StopReason.CANCELLED)
+        execution.stop_after(self.settings.cancel_grace_seconds, StopReason.CANCELLED)

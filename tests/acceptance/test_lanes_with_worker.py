@@ -79,7 +79,7 @@ async def test_a_steer_ends_the_running_reply_at_its_safe_point(
         return {"answered": ctx.input["text"]}
 
     first = await submit_to(lanes, "chat", "t", {"text": "long", "slow_tool": True})
-    await submit_to(lanes, "chat", "t", {"text": "queued"})
+    queued = await submit_to(lanes, "chat", "t", {"text": "queued"})
     async with running_worker(app, settings):
         await asyncio.wait_for(in_tool.wait(), 10)
         steer = await submit_to(lanes, "chat", "t", {"text": "steer!"}, policy="steer")
@@ -96,11 +96,12 @@ async def test_a_steer_ends_the_running_reply_at_its_safe_point(
         )
         assert steer_run.output == {"answered": "steer!"}
         # ...and the queued request runs after the steer.
-        snap = await snapshot_of(lanes, "chat", "t")
-        queued_run = snap.run_id
-        assert queued_run is not None
+        queued_request = await wait_until(
+            lambda: _dispatched(lanes, queued.request_id), message="queued dispatched"
+        )
         done = await wait_until(
-            lambda: _run_in(service, queued_run, RunStatus.COMPLETED), message="queued run"
+            lambda: _run_in(service, queued_request.run_id, RunStatus.COMPLETED),
+            message="queued run",
         )
         assert done.started_at >= steer_run.finished_at  # type: ignore[operator]
 

@@ -43,9 +43,26 @@ async def test_handler_output_completes_the_run(service: RunService, settings: S
     assert [(e.seq, e.kind, e.data) for e in events] == [(1, "token", {"text": "hi"})]
 
 
+async def test_a_worker_claims_only_the_agents_it_serves(
+    service: RunService, settings: Settings
+) -> None:
+    app = App(settings)
+
+    @app.agent("mine")
+    async def mine(ctx: RunContext) -> Any:
+        return "ok"
+
+    other, _ = await service.submit("someone-elses", {})
+    own, _ = await service.submit("mine", {})
+    async with running_worker(app, settings) as worker:
+        await wait_for_status(service, own.id, RunStatus.COMPLETED)
+        assert worker.agents == ["mine"]
+    assert (await service.get(other.id)).status is RunStatus.PENDING
+
+
 async def test_unknown_agent_fails_without_retry(service: RunService, settings: Settings) -> None:
     run, _ = await service.submit("nobody", {}, max_attempts=3)
-    async with running_worker(App(settings), settings):
+    async with running_worker(App(settings), settings, claim_unknown_agents=True):
         done = await wait_for_status(service, run.id, RunStatus.FAILED)
     assert done.error["code"] == "unknown_agent" and done.attempts == 1
 

@@ -23,9 +23,9 @@ def test_values_come_from_runlane_variables(monkeypatch: pytest.MonkeyPatch) -> 
     assert settings.database_url == "postgresql://db/x"
 
 
-def test_a_heartbeat_longer_than_half_the_lease_is_refused() -> None:
+def test_a_heartbeat_longer_than_a_third_of_the_lease_is_refused() -> None:
     with pytest.raises(ValidationError, match="heartbeat_seconds"):
-        Settings(lease_seconds=10, heartbeat_seconds=6)
+        Settings(lease_seconds=10, heartbeat_seconds=4)
 
 
 def test_nonsense_values_are_refused() -> None:

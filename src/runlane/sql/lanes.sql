@@ -111,10 +111,10 @@ WHERE id = %(lane_id)s;
 -- The resume of an interrupted run: a new run outside the request queue,
 -- with the answer and the interrupted run's last checkpoint.
 WITH resumed AS (
-    INSERT INTO runlane.runs (tenant, thread_id, agent, input, priority, max_attempts,
-                              budget, metadata, checkpoint, lane_id, request_id, kind,
-                              resumed_from, resume_value)
-    SELECT tenant, thread_id, agent, input, priority, max_attempts, budget, metadata,
+    INSERT INTO runlane.runs (tenant, user_id, thread_id, agent, input, priority,
+                              max_attempts, budget, metadata, checkpoint, lane_id,
+                              request_id, kind, resumed_from, resume_value)
+    SELECT tenant, user_id, thread_id, agent, input, priority, max_attempts, budget, metadata,
            checkpoint, lane_id, request_id, 'resume', id, %(value)s
     FROM runlane.runs
     WHERE id = %(run_id)s AND status = 'interrupted'

@@ -5,10 +5,10 @@
 -- name: insert_run
 -- Inserts a run, or returns the existing one for the same idempotency key.
 WITH inserted AS (
-    INSERT INTO runlane.runs (tenant, agent, input, priority, available_at,
+    INSERT INTO runlane.runs (tenant, user_id, agent, input, priority, available_at,
                               max_attempts, budget, idempotency_key, metadata)
-    VALUES (%(tenant)s, %(agent)s, %(input)s, %(priority)s,
-            now() + make_interval(secs => %(delay_seconds)s),
+    VALUES (%(tenant)s, %(user_id)s, %(agent)s, %(input)s, %(priority)s,
+            now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
             %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -29,6 +29,8 @@ SELECT * FROM runlane.runs WHERE id = %(run_id)s;
 -- Newest first; the cursor is the (created_at, id) of the last row seen.
 SELECT * FROM runlane.runs
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+  AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
+  AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)
   AND (%(before_created_at)s::timestamptz IS NULL
@@ -37,15 +39,14 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: claim_batch
--- Claims up to `limit` runs in one short transaction: highest priority first,
--- then available_at, then submission order. Each claim counts an attempt,
--- takes a fresh lease token and writes an attempts row.
+-- Claims up to `limit` runs of any agent in one short transaction: highest
+-- priority first, then available_at, then submission order. Each claim
+-- counts an attempt, takes a fresh lease token and writes an attempts row.
 WITH picked AS (
     SELECT id FROM runlane.runs
     WHERE status = 'pending'
       AND available_at <= now()
       AND attempts < max_attempts
-      AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s))
     ORDER BY priority DESC, available_at, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -58,8 +59,47 @@ WITH picked AS (
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         worker_id = %(worker_id)s,
         started_at = coalesce(r.started_at, now()),
-        deadline_at = coalesce(r.deadline_at,
-            now() + make_interval(secs => (r.budget ->> 'max_seconds')::double precision))
+        deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
+            least((r.budget ->> 'max_seconds')::double precision, 31536000)))
+    FROM picked
+    WHERE r.id = picked.id
+    RETURNING r.*
+), attempt_rows AS (
+    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
+    SELECT id, claim_count, worker_id, lease_token FROM claimed
+)
+SELECT claimed.*,
+       extract(epoch FROM claimed.deadline_at - now())::double precision AS deadline_in_seconds
+FROM claimed
+ORDER BY priority DESC, available_at, seq;
+
+-- name: claim_batch_for_agents
+-- claim_batch for the given agents only: each agent's own index, merged.
+WITH candidates AS (
+    SELECT c.* FROM unnest(%(agents)s::text[]) AS a(agent)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, available_at, seq FROM runlane.runs
+        WHERE status = 'pending'
+          AND agent = a.agent
+          AND available_at <= now()
+          AND attempts < max_attempts
+        ORDER BY priority DESC, available_at, seq
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), picked AS (
+    SELECT id FROM candidates ORDER BY priority DESC, available_at, seq LIMIT %(limit)s
+), claimed AS (
+    UPDATE runlane.runs AS r
+    SET status = 'running',
+        attempts = r.attempts + 1,
+        claim_count = r.claim_count + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        worker_id = %(worker_id)s,
+        started_at = coalesce(r.started_at, now()),
+        deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
+            least((r.budget ->> 'max_seconds')::double precision, 31536000)))
     FROM picked
     WHERE r.id = picked.id
     RETURNING r.*
@@ -74,18 +114,36 @@ ORDER BY priority DESC, available_at, seq;
 
 -- name: renew_leases
 -- One statement per heartbeat tick for every lease a worker holds. Returns
--- the leases still held, with their status (cancel_requested says a cancel
--- is waiting) and whether a steer waits; a lease missing from the answer is
--- lost.
-UPDATE runlane.runs AS r
-SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(run_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS held(run_id, lease_token)
-WHERE r.id = held.run_id
-  AND r.lease_token = held.lease_token
-  AND r.status IN ('running', 'cancel_requested')
-  -- An expired lease is never revived, even before the reaper sees it.
-  AND r.lease_expires_at > now()
-RETURNING r.id, r.status, r.steer_requested_at IS NOT NULL AS steer_requested;
+-- one row per lease: renewed (with its status, cancel_requested saying a
+-- cancel waits, and whether a steer waits), or not renewed. A lease not
+-- renewed is lost unless still_held: its row was locked by someone else
+-- just now (SKIP LOCKED, so one busy row never stalls all the others), and
+-- the next tick tries again. An expired lease is never revived, even before
+-- the reaper sees it.
+WITH held AS (
+    SELECT * FROM unnest(%(run_ids)s::uuid[], %(lease_tokens)s::uuid[])
+        AS held(run_id, lease_token)
+), lockable AS (
+    SELECT r.id FROM runlane.runs AS r JOIN held ON r.id = held.run_id
+    WHERE r.lease_token = held.lease_token
+      AND r.status IN ('running', 'cancel_requested')
+      AND r.lease_expires_at > now()
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+), renewed AS (
+    UPDATE runlane.runs AS r
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+    FROM lockable
+    WHERE r.id = lockable.id
+    RETURNING r.id, r.status, r.steer_requested_at IS NOT NULL AS steer_requested
+)
+SELECT held.run_id AS id, renewed.status, coalesce(renewed.steer_requested, false)
+           AS steer_requested,
+       renewed.id IS NOT NULL AS renewed,
+       EXISTS (SELECT 1 FROM runlane.runs AS r
+               WHERE r.id = held.run_id AND r.lease_token = held.lease_token
+                 AND r.status IN ('running', 'cancel_requested')
+                 AND r.lease_expires_at > now()) AS still_held
+FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 
 -- name: finish_attempt
 -- Ends the attempt identified by (run_id, lease_token). Fenced: a stale
@@ -122,8 +180,8 @@ WITH target AS (
         available_at = CASE
             WHEN target.next_status <> 'pending' THEN r.available_at
             WHEN %(outcome)s = 'retry' THEN now() + make_interval(secs =>
-                coalesce(%(retry_delay_seconds)s::double precision,
-                         runlane.backoff_seconds(r.attempts)))
+                least(coalesce(%(retry_delay_seconds)s::double precision,
+                               runlane.backoff_seconds(r.attempts)), 31536000))
             ELSE now()
         END,
         output = CASE WHEN target.next_status = 'completed' THEN %(output)s::jsonb END,
@@ -133,7 +191,8 @@ WITH target AS (
         interrupt_expires_at = CASE
             WHEN target.next_status = 'interrupted'
                  AND %(interrupt_expires_in)s::double precision IS NOT NULL
-                THEN now() + make_interval(secs => %(interrupt_expires_in)s::double precision)
+                THEN now() + make_interval(secs =>
+                    least(%(interrupt_expires_in)s::double precision, 31536000))
         END,
         error = CASE WHEN target.next_status IN ('completed', 'interrupted') THEN NULL
                      ELSE coalesce(%(error)s::jsonb, r.error) END,
@@ -189,20 +248,21 @@ WITH owner AS (
 ), inserted AS (
     INSERT INTO runlane.run_effects (run_id, key, result, attempt)
     SELECT id, %(key)s, %(result)s, claim_count FROM owner
-    ON CONFLICT (run_id, key) DO NOTHING
+    -- An earlier record wins; DO UPDATE (a no-op) returns it even when it
+    -- was committed while this statement waited.
+    ON CONFLICT (run_id, key) DO UPDATE SET result = runlane.run_effects.result
     RETURNING result
 )
-SELECT (SELECT count(*) FROM owner) AS owned,
-       coalesce((SELECT result FROM inserted),
-                (SELECT e.result FROM runlane.run_effects AS e
-                 WHERE e.run_id = %(run_id)s AND e.key = %(key)s)) AS result;
+SELECT (SELECT count(*) FROM owner) AS owned, (SELECT result FROM inserted) AS result;
 
 -- name: request_cancel
 -- Durable cancel: a pending or interrupted run is cancelled at once; a
 -- running one records the intent (cancel_requested) and its owner confirms.
--- Idempotent. For a lane's run the caller holds the lane lock.
+-- Idempotent. For a lane's run the caller holds the lane lock. target locks
+-- the row, so after waiting on a concurrent writer it sees the latest
+-- version (a plain read would see this statement's older snapshot).
 WITH target AS (
-    SELECT id, status FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE
+    SELECT * FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE
 ), changed AS (
     UPDATE runlane.runs AS r
     SET status = CASE WHEN target.status = 'running' THEN 'cancel_requested'
@@ -218,24 +278,29 @@ WITH target AS (
 )
 SELECT changed.*, (SELECT count(*) FROM notified) AS notified FROM changed
 UNION ALL
-SELECT r.*, 0 AS notified FROM runlane.runs AS r
-WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM changed);
+SELECT target.*, 0 AS notified FROM target
+WHERE NOT EXISTS (SELECT 1 FROM changed);
 
 -- name: requeue_run
 -- Re-queues a failed or dead run: attempts start again, history is kept.
-WITH requeued AS (
-    UPDATE runlane.runs
+-- target locks the row (see request_cancel).
+WITH target AS (
+    SELECT * FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE
+), requeued AS (
+    UPDATE runlane.runs AS r
     SET status = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
-        error = NULL, output = NULL, deadline_at = NULL, cancel_requested_at = NULL
-    WHERE id = %(run_id)s AND status IN ('failed', 'dead')
-    RETURNING *
+        error = NULL, output = NULL, outcome = NULL, deadline_at = NULL,
+        cancel_requested_at = NULL, steer_requested_at = NULL
+    FROM target
+    WHERE r.id = target.id AND target.status IN ('failed', 'dead')
+    RETURNING r.*
 ), notified AS (
     SELECT pg_notify('runlane_wakeup', agent) FROM requeued WHERE %(notify)s
 )
 SELECT requeued.*, true AS requeued, (SELECT count(*) FROM notified) AS notified FROM requeued
 UNION ALL
-SELECT r.*, false AS requeued, 0 AS notified FROM runlane.runs AS r
-WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM requeued);
+SELECT target.*, false AS requeued, 0 AS notified FROM target
+WHERE NOT EXISTS (SELECT 1 FROM requeued);
 
 -- name: reap_expired_leases
 -- Expired leases: back to pending with backoff while attempts remain, else
