@@ -1,4 +1,5 @@
-"""The ``runlane`` command line: a thin adapter over :class:`RunService`.
+"""The ``runlane`` command line: a thin adapter over :class:`RunService`
+and :class:`LaneService` (``runlane.cli_runs``, ``runlane.cli_lanes``).
 
 Every command that needs the database resolves it on start-up (the embedded
 server when ``RUNLANE_DATABASE_URL`` is unset) and applies pending
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import importlib
-import json
 import logging
 import os
 import sys
@@ -21,23 +21,23 @@ from rich.logging import RichHandler
 from rich.text import Text
 
 from runlane.app import App
+from runlane.cli_lanes import lanes_app, requests_app, submit_to_thread, tenant_of
 from runlane.cli_runs import (
     CliError,
     console,
     err_console,
-    exit_code_for,
+    follow_run,
     load_settings,
-    print_event,
+    parse_json_option,
     print_json_line,
-    print_run_end,
     record,
     report_error,
     runs_app,
     with_service,
 )
 from runlane.database import embedded_server, resolve_database_url
+from runlane.lanes import Policy
 from runlane.migrations import migrate as apply_migrations
-from runlane.models import Run
 from runlane.service import RunService
 from runlane.worker import Worker
 
@@ -52,6 +52,8 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
+app.add_typer(lanes_app, name="lanes")
+app.add_typer(requests_app, name="requests")
 app.add_typer(db_app, name="db")
 
 
@@ -147,6 +149,29 @@ def submit(
     input: Annotated[
         str, typer.Option("--input", "-i", help="The run's input as JSON ('-' reads stdin).")
     ] = "{}",
+    thread: Annotated[
+        str | None,
+        typer.Option(
+            "--thread", "-t", help="Submit a request into this thread's lane instead of a run."
+        ),
+    ] = None,
+    policy: Annotated[
+        Policy | None,
+        typer.Option(help="With --thread: what to do when the lane is busy (default enqueue)."),
+    ] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(help="With --thread: idempotency key of the request (default: generated)."),
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            help="With --thread: the lane's user (default: $RUNLANE_USER, else 'default')."
+        ),
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="Default: $RUNLANE_TENANT, else 'default'.")
+    ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     delay: Annotated[float, typer.Option(help="Seconds before it may start.")] = 0.0,
     max_attempts: Annotated[int | None, typer.Option(help="Default: RUNLANE_MAX_ATTEMPTS.")] = None,
@@ -154,7 +179,10 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option(help="The same key returns the run it first created.")
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Follow the run to its end.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Follow the run (or the request, then its run) to its end."),
+    ] = False,
     timeout: Annotated[
         float | None, typer.Option(help="With --wait: give up after this many seconds.")
     ] = None,
@@ -162,26 +190,54 @@ def submit(
         bool,
         typer.Option(
             "--json",
-            help="Print JSON lines: the run, then (with --wait) each event and the ended run.",
+            help="Print JSON lines: the run (or request), then (with --wait) each change,"
+            " each event and the ended run.",
         ),
     ] = False,
 ) -> None:
-    """Submit a run and print its id.
+    """Submit a run and print its id; with --thread, submit a request into the
+    thread's lane and print the request id and where it stands.
 
-    With --wait, follow it to its end: exit 0 if it completed, 3 if it was
-    interrupted (waiting for a human), 1 if it failed, died or was cancelled.
+    A rejected request (--policy reject on a busy lane) is a normal result:
+    exit 0. With --wait, follow it to its end: exit 0 if the run completed, 3
+    if it was interrupted (waiting for a human), 4 if the request was
+    rejected, 1 if the run failed, died or was cancelled (or the request was
+    cancelled).
     """
-    text = sys.stdin.read() if input == "-" else input
-    try:
-        payload = json.loads(text)
-    except ValueError as exc:
-        raise CliError(f"--input is not valid JSON: {exc}") from None
+    payload = parse_json_option(input, "--input")
     budget = {"max_seconds": max_seconds} if max_seconds is not None else None
+    if thread is not None:
+        if delay:
+            raise CliError("--delay is for direct runs; a request waits for its lane")
+        if idempotency_key is not None:
+            raise CliError("--idempotency-key is for direct runs; use --request-id with --thread")
+        code = submit_to_thread(
+            agent=agent,
+            thread=thread,
+            payload=payload,
+            policy=policy or Policy.ENQUEUE,
+            request_id=request_id,
+            user=user,
+            tenant=tenant,
+            priority=priority,
+            max_attempts=max_attempts,
+            budget=budget,
+            wait=wait,
+            timeout=timeout,
+            as_json=as_json,
+        )
+        if code:
+            raise typer.Exit(code)
+        return
+    for name, value in (("--policy", policy), ("--request-id", request_id), ("--user", user)):
+        if value is not None:
+            raise CliError(f"{name} needs --thread (it applies to requests in a thread's lane)")
 
     async def go(service: RunService) -> int:
         run, created = await service.submit(
             agent,
             payload,
+            tenant=tenant_of(tenant),
             priority=priority,
             delay_seconds=delay,
             max_attempts=max_attempts,
@@ -198,7 +254,7 @@ def submit(
             return 0
         try:
             async with asyncio.timeout(timeout):
-                return await _follow(service, run, as_json=as_json)
+                return await follow_run(service, run, as_json=as_json)
         except TimeoutError:
             current = await service.get(run.id)
             raise CliError(
@@ -208,21 +264,6 @@ def submit(
     code = with_service(go)
     if code:
         raise typer.Exit(code)
-
-
-async def _follow(service: RunService, run: Run, *, as_json: bool) -> int:
-    async for item in service.follow(run.id):
-        if isinstance(item, Run):
-            if as_json:
-                print_json_line({"type": "run", **record(item)})
-            else:
-                print_run_end(item)
-            return exit_code_for(item)
-        if as_json:
-            print_json_line({"type": "event", **record(item)})
-        else:
-            print_event(item)
-    raise AssertionError("follow ended without the run")  # pragma: no cover
 
 
 # -- db -----------------------------------------------------------------------

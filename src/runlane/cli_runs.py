@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
@@ -14,7 +15,9 @@ from uuid import UUID
 
 import psycopg
 import typer
-from psycopg_pool import PoolTimeout
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 from rich import box
 from rich.console import Console
@@ -22,7 +25,10 @@ from rich.table import Table
 from rich.text import Text
 
 from runlane.database import create_pool, resolve_database_url
-from runlane.errors import RunlaneError
+from runlane.errors import LaneRefused, RunlaneError
+from runlane.lane_service import LaneService
+from runlane.lane_store import LaneStore
+from runlane.lanes import Request
 from runlane.models import Attempt, Event, Run, RunStatus
 from runlane.service import RunService
 from runlane.settings import Settings
@@ -36,7 +42,9 @@ for _console in (console, err_console):
     if not _console.is_terminal and "COLUMNS" not in os.environ:
         _console.width = 200  # do not squeeze tables written to a file or a pipe
 
-runs_app = typer.Typer(help="List, inspect, cancel and re-queue runs.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="List, inspect, cancel, re-queue and resume runs.", no_args_is_help=True
+)
 
 STATUS_STYLES = {
     RunStatus.PENDING: "white",
@@ -68,8 +76,11 @@ def load_settings() -> Settings:
     return Settings()
 
 
-def with_service(work: Callable[[RunService], Awaitable[T]]) -> T:
-    """Runs ``work`` with a service over the (migrated) database."""
+Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+
+
+def _with_pool(work: Callable[[Pool, Settings], Awaitable[T]]) -> T:
+    """Runs ``work`` over a short-lived pool on the (migrated) database."""
     settings = load_settings()
     url = resolve_database_url(settings)
 
@@ -77,11 +88,25 @@ def with_service(work: Callable[[RunService], Awaitable[T]]) -> T:
         pool = create_pool(url, min_size=1, max_size=2)
         await pool.open(wait=True, timeout=15)
         try:
-            return await work(RunService(RunStore(pool), settings))
+            return await work(pool, settings)
         finally:
             await pool.close()
 
     return asyncio.run(go())
+
+
+def with_service(work: Callable[[RunService], Awaitable[T]]) -> T:
+    """Runs ``work`` with the run service."""
+    return _with_pool(lambda pool, settings: work(RunService(RunStore(pool), settings)))
+
+
+def with_lane_service(work: Callable[[LaneService], Awaitable[T]]) -> T:
+    """Runs ``work`` with the lane service (and, through it, the run service)."""
+    return _with_pool(
+        lambda pool, settings: work(
+            LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
+        )
+    )
 
 
 def report_error(exc: Exception) -> int:
@@ -89,6 +114,9 @@ def report_error(exc: Exception) -> int:
     code = 1
     if isinstance(exc, CliError):
         message, code = exc.message, exc.exit_code
+    elif isinstance(exc, LaneRefused):
+        # The refusal code is the stable part: scripts match on it.
+        message = exc.message if exc.message.startswith(exc.code) else f"{exc.code}: {exc.message}"
     elif isinstance(exc, RunlaneError):
         message = exc.message
     elif isinstance(exc, ValidationError):
@@ -125,7 +153,7 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def record(item: Run | Attempt | Event) -> dict[str, Any]:
+def record(item: Run | Attempt | Event | Request) -> dict[str, Any]:
     """A JSON-ready dict of a record; lease tokens stay inside runlane."""
     fields = dataclasses.asdict(item)
     fields.pop("lease_token", None)
@@ -141,11 +169,11 @@ def print_json_line(data: Any) -> None:
     console.print(json.dumps(data, default=_plain), markup=False, highlight=False, emoji=False)
 
 
-def _compact(value: Any) -> str:
+def compact_json(value: Any) -> str:
     return json.dumps(value, default=_plain, ensure_ascii=False)
 
 
-def _time(value: datetime | None) -> str:
+def format_time(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
@@ -156,15 +184,17 @@ def _status(status: RunStatus) -> Text:
 def print_event(event: Event) -> None:
     console.print(
         Text.assemble(
-            (f"#{event.seq} ", "dim"), (event.kind, "bold cyan"), " ", _compact(event.data)
+            (f"#{event.seq} ", "dim"), (event.kind, "bold cyan"), " ", compact_json(event.data)
         )
     )
 
 
 def print_run_end(run: Run) -> None:
     line = Text.assemble(f"run {run.id} ", _status(run.status))
+    if run.outcome:
+        line.append(f" ({run.outcome})")
     if run.status is RunStatus.COMPLETED:
-        line.append(f": {_compact(run.output)}")
+        line.append(f": {compact_json(run.output)}")
     elif run.error:
         line.append(f": {run.error.get('code', 'error')}: {run.error.get('message', '')}")
     console.print(line)
@@ -172,6 +202,33 @@ def print_run_end(run: Run) -> None:
 
 def exit_code_for(run: Run) -> int:
     return EXIT_CODES.get(run.status, 1)
+
+
+def parse_json_option(text: str, option: str) -> Any:
+    """The JSON value of an option (``-`` reads stdin)."""
+    if text == "-":
+        text = sys.stdin.read()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{option} is not valid JSON: {exc}") from None
+
+
+async def follow_run(service: RunService, run: Run, *, as_json: bool) -> int:
+    """Prints the run's events as they come and its end; returns the exit
+    code for how it ended."""
+    async for item in service.follow(run.id):
+        if isinstance(item, Run):
+            if as_json:
+                print_json_line({"type": "run", **record(item)})
+            else:
+                print_run_end(item)
+            return exit_code_for(item)
+        if as_json:
+            print_json_line({"type": "event", **record(item)})
+        else:
+            print_event(item)
+    raise AssertionError("follow ended without the run")  # pragma: no cover
 
 
 # -- runs ---------------------------------------------------------------------
@@ -205,7 +262,7 @@ def list_runs(
             _status(run.status),
             f"{run.attempts}/{run.max_attempts}",
             str(run.priority),
-            _time(run.created_at),
+            format_time(run.created_at),
         )
     console.print(table if runs else "no runs")
 
@@ -244,19 +301,27 @@ def show_run(
         ("status", _status(run.status)),
         ("attempts", f"{run.attempts}/{run.max_attempts}"),
         ("priority", str(run.priority)),
-        ("created", _time(run.created_at)),
-        ("available", _time(run.available_at)),
-        ("started", _time(run.started_at)),
-        ("finished", _time(run.finished_at)),
-        ("input", Text(_compact(run.input))),
+        ("created", format_time(run.created_at)),
+        ("available", format_time(run.available_at)),
+        ("started", format_time(run.started_at)),
+        ("finished", format_time(run.finished_at)),
+        ("input", Text(compact_json(run.input))),
     ]
     optional: list[tuple[str, Any]] = [
+        ("thread", run.thread_id),
+        ("kind", run.kind != "direct" and run.kind),
+        ("outcome", run.outcome),
+        ("resumed from", run.resumed_from),
+        ("resume value", run.resume_value is not None and compact_json(run.resume_value)),
+        ("interrupt", run.interrupt is not None and compact_json(run.interrupt)),
+        ("interrupt expires", run.interrupt_expires_at and format_time(run.interrupt_expires_at)),
+        ("steer requested", run.steer_requested_at and format_time(run.steer_requested_at)),
         ("worker", run.worker_id),
-        ("lease expires", run.lease_expires_at and _time(run.lease_expires_at)),
-        ("cancel requested", run.cancel_requested_at and _time(run.cancel_requested_at)),
+        ("lease expires", run.lease_expires_at and format_time(run.lease_expires_at)),
+        ("cancel requested", run.cancel_requested_at and format_time(run.cancel_requested_at)),
         ("idempotency key", run.idempotency_key),
-        ("budget", run.budget and _compact(run.budget)),
-        ("output", run.output is not None and _compact(run.output)),
+        ("budget", run.budget and compact_json(run.budget)),
+        ("output", run.output is not None and compact_json(run.output)),
         ("error", run.error and _describe_error(run.error)),
     ]
     rows += [(name, Text(str(value))) for name, value in optional if value]
@@ -269,8 +334,8 @@ def show_run(
             table.add_row(
                 str(a.attempt),
                 Text(a.worker_id),
-                _time(a.started_at),
-                _time(a.ended_at),
+                format_time(a.started_at),
+                format_time(a.ended_at),
                 Text(a.outcome or "(running)"),
                 Text(_describe_error(a.error) if a.error else ""),
             )
@@ -305,3 +370,21 @@ def retry_run(run_id: RunId, as_json: JsonFlag = False) -> None:
         print_json(record(run))
     else:
         console.print(Text.assemble(f"run {run.id} re-queued: ", _status(run.status)))
+
+
+@runs_app.command("resume")
+def resume_run(
+    run_id: RunId,
+    value: Annotated[str, typer.Option("--value", help="The answer as JSON ('-' reads stdin).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Resume an interrupted run with an answer: prints the id of the new run
+    (kind resume). The same answer again returns the same run."""
+    answer = parse_json_option(value, "--value")
+    run, created = with_lane_service(lambda s: s.resume(run_id, answer))
+    if as_json:
+        print_json({"created": created, **record(run)})
+        return
+    console.print(Text(str(run.id)))
+    if not created:
+        err_console.print(Text(f"(existing resume of run {run.resumed_from}: {run.status})"))

@@ -96,6 +96,10 @@ class LaneStore:
         that has not started yet is superseded at once (and the relay
         dispatches the steer)."""
         run_id = facts_row["active_run_id"]
+        if facts_row["active_run_kind"] == "resume":
+            # A resume carries a human's answer: the steer waits its turn
+            # rather than throw the answer away.
+            return
         if facts_row["active_run_status"] == RunStatus.PENDING:
             await conn.execute(self._sql["steer_pending_run"], {"run_id": run_id})
         else:
@@ -252,7 +256,7 @@ class LaneStore:
             lane = await self._one(conn, "lock_lane", {"lane_id": row["lane_id"]})
             assert lane is not None
             facts, facts_row = await self._facts(conn, lane)
-            if row["steer"] and facts_row["active_run_id"] is not None:
+            if row["steer"] and facts_row["active_run_asked_to_yield"]:
                 raise LaneRefused(
                     Refusal.STEER_IN_PROGRESS,
                     "the running run was already asked to yield to this steer",
@@ -344,27 +348,34 @@ class LaneStore:
         """One maintenance pass, under an advisory lock (None when another
         process holds it): dispatches the head of every idle lane that has
         queued requests (only a crash or an operator's edit leaves one), and
-        ends unanswered interrupts past their expiry, cancelled."""
-        async with self.pool.connection() as conn, conn.transaction():
+        ends unanswered interrupts past their expiry, cancelled. Each lane
+        is handled in its own short transaction."""
+        async with self.pool.connection() as conn:
             locked = await self._one(conn, "try_recovery_lock", {"lock_key": RECOVERY_LOCK_KEY})
             if not locked or not locked["locked"]:
                 return None
-            dispatched = expired = 0
-            for row in await self._all(conn, "lanes_needing_dispatch", {"limit": limit}):
-                async with conn.transaction():
-                    lane = await self._one(conn, "lock_lane", {"lane_id": row["lane_id"]})
-                    assert lane is not None
-                    facts, _ = await self._facts(conn, lane)
-                    if facts.may_start_run and facts.queued:
-                        await conn.execute(self._sql["dispatch_head"], {"lane_id": lane["id"]})
-                        dispatched += 1
-            for row in await self._all(conn, "expired_interrupts", {"limit": limit}):
-                async with conn.transaction():
-                    if row["lane_id"] is not None:
-                        await conn.execute(self._sql["lock_lane"], {"lane_id": row["lane_id"]})
-                    if await self._one(conn, "expire_interrupt", {"run_id": row["id"]}):
-                        expired += 1
-            return RecoveryResult(dispatched=dispatched, interrupts_expired=expired)
+            try:
+                return await self._recover(conn, limit)
+            finally:
+                await conn.execute(self._sql["recovery_unlock"], {"lock_key": RECOVERY_LOCK_KEY})
+
+    async def _recover(self, conn: Conn, limit: int) -> RecoveryResult:
+        dispatched = expired = 0
+        for row in await self._all(conn, "lanes_needing_dispatch", {"limit": limit}):
+            async with conn.transaction():
+                lane = await self._one(conn, "lock_lane", {"lane_id": row["lane_id"]})
+                assert lane is not None
+                facts, _ = await self._facts(conn, lane)
+                if facts.may_start_run and facts.queued:
+                    await conn.execute(self._sql["dispatch_head"], {"lane_id": lane["id"]})
+                    dispatched += 1
+        for row in await self._all(conn, "expired_interrupts", {"limit": limit}):
+            async with conn.transaction():
+                if row["lane_id"] is not None:
+                    await conn.execute(self._sql["lock_lane"], {"lane_id": row["lane_id"]})
+                if await self._one(conn, "expire_interrupt", {"run_id": row["id"]}):
+                    expired += 1
+        return RecoveryResult(dispatched=dispatched, interrupts_expired=expired)
 
 
 def _key_params(key: LaneKey) -> dict[str, str]:

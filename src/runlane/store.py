@@ -17,6 +17,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from runlane.errors import LaneRefused
 from runlane.models import Attempt, ClaimedRun, Event, LeaseState, Outcome, Run, RunStatus
 from runlane.queries import named_queries
 
@@ -149,7 +150,19 @@ class RunStore:
         active run again (refused by the unique index if another is active)
         and lifts the pause it caused."""
         async with self.pool.connection() as conn, conn.transaction():
-            await self._lock_lane_of_run(conn, run_id)
+            lane = await self._lock_lane_of_run(conn, run_id)
+            if lane is not None:
+                # Re-queueing an older run must not bypass the lane's state.
+                if lane["interrupted_run_id"] is not None:
+                    raise LaneRefused(
+                        "run_interrupted", "the run's lane waits for an interrupted run"
+                    )
+                if lane["paused_run_id"] not in (None, run_id):
+                    raise LaneRefused(
+                        "lane_paused",
+                        f"the run's lane is paused by run {lane['paused_run_id']};"
+                        " continue the lane or re-queue that run",
+                    )
             cur = await conn.execute(
                 self._sql["requeue_run"], {"run_id": run_id, "notify": self.notify}
             )
@@ -163,10 +176,14 @@ class RunStore:
                 )
         return Run.from_row(row), bool(row["requeued"])
 
-    async def _lock_lane_of_run(self, conn: AsyncConnection[DictRow], run_id: UUID) -> None:
+    async def _lock_lane_of_run(
+        self, conn: AsyncConnection[DictRow], run_id: UUID
+    ) -> DictRow | None:
         """Lane before run: every writer of a lane's run takes the lane lock
-        first, so the relay trigger never waits on it (no deadlocks)."""
-        await conn.execute(self._sql["lock_lane_of_run"], {"run_id": run_id})
+        first, so the relay trigger never waits on it (no deadlocks).
+        Returns the lane's row, None for a direct run."""
+        cur = await conn.execute(self._sql["lock_lane_of_run"], {"run_id": run_id})
+        return await cur.fetchone()
 
     async def list_attempts(self, run_id: UUID) -> list[Attempt]:
         rows = await self._fetch_all("list_attempts", {"run_id": run_id})
@@ -312,27 +329,31 @@ class RunStore:
         """Returns the runs whose expired lease was reaped, or None when
         another process holds the reaper lock. Reaped runs wait out a
         backoff, so no wake-up is sent: polling finds them."""
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection() as conn:
             cur = await conn.execute(
                 self._sql["try_maintenance_lock"], {"lock_key": REAPER_LOCK_KEY}
             )
             locked = await cur.fetchone()
             if not locked or not locked["locked"]:
                 return None
-            cur = await conn.execute(
-                self._sql["reap_expired_leases"], {"limit": limit, "run_id": None}
-            )
-            reaped = [(row["id"], RunStatus(row["status"])) for row in await cur.fetchall()]
-            # Lanes' runs one by one, each under its lane's lock, so the relay
-            # (dispatch, pause) happens in the same transaction.
-            cur = await conn.execute(self._sql["expired_lane_leases"], {"limit": limit})
-            for lane_run in await cur.fetchall():
-                async with conn.transaction():
-                    await conn.execute(self._sql["lock_lane"], {"lane_id": lane_run["lane_id"]})
-                    cur = await conn.execute(
-                        self._sql["reap_expired_leases"], {"limit": 1, "run_id": lane_run["id"]}
-                    )
-                    reaped.extend(
-                        (row["id"], RunStatus(row["status"])) for row in await cur.fetchall()
-                    )
-            return reaped
+            try:
+                cur = await conn.execute(
+                    self._sql["reap_expired_leases"], {"limit": limit, "run_id": None}
+                )
+                reaped = [(row["id"], RunStatus(row["status"])) for row in await cur.fetchall()]
+                # Lanes' runs one by one, each in its own transaction under
+                # its lane's lock, so the relay happens in that transaction.
+                cur = await conn.execute(self._sql["expired_lane_leases"], {"limit": limit})
+                for lane_run in await cur.fetchall():
+                    async with conn.transaction():
+                        await conn.execute(self._sql["lock_lane"], {"lane_id": lane_run["lane_id"]})
+                        cur = await conn.execute(
+                            self._sql["reap_expired_leases"],
+                            {"limit": 1, "run_id": lane_run["id"]},
+                        )
+                        reaped.extend(
+                            (row["id"], RunStatus(row["status"])) for row in await cur.fetchall()
+                        )
+                return reaped
+            finally:
+                await conn.execute(self._sql["maintenance_unlock"], {"lock_key": REAPER_LOCK_KEY})

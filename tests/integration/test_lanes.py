@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from runlane.errors import LaneRefused, NotFound
+from runlane.errors import LaneRefused, NotFound, RunFinished
 from runlane.lane_service import LaneService
 from runlane.lane_store import RECOVERY_LOCK_KEY, RecoveryResult
 from runlane.lanes import LaneState, RequestStatus
@@ -591,3 +591,55 @@ async def test_recovery_reads_only_lanes_with_queued_requests(
     assert "requests_queue_idx" in plan, plan
     assert "Seq Scan on requests" not in plan, plan
     assert "Seq Scan on lanes" not in plan, plan
+
+
+async def test_an_answered_interrupt_neither_expires_nor_can_be_cancelled(
+    lanes: LaneService, store: RunStore, service: RunService, sql: Conn
+) -> None:
+    first = await submit(lanes, "t1", "one")
+    await submit(lanes, "t1", "two")
+    assert first.run_id is not None
+    await run_to_end(
+        store, first.run_id, Outcome.INTERRUPTED, interrupt={}, interrupt_expires_in=60
+    )
+    resume, _ = await lanes.resume(first.run_id, "yes")
+    sql.execute(
+        "UPDATE runlane.runs SET interrupt_expires_at = now() - interval '1 second'"
+        " WHERE id = %s AND interrupt_expires_at IS NOT NULL",
+        (first.run_id,),
+    )
+    assert await lanes.lanes.recover() == RecoveryResult(dispatched=0, interrupts_expired=0)
+    with pytest.raises(RunFinished):
+        await lanes.cancel_run(first.run_id)
+    snap = await snapshot(lanes, "t1")
+    assert (snap.state, snap.run_id) == (LaneState.RUNNING, resume.id)
+
+
+async def test_a_steer_waits_for_a_resume_instead_of_discarding_its_answer(
+    lanes: LaneService, store: RunStore, service: RunService
+) -> None:
+    first = await submit(lanes, "t1", "one")
+    assert first.run_id is not None
+    await run_to_end(store, first.run_id, Outcome.INTERRUPTED, interrupt={})
+    resume, _ = await lanes.resume(first.run_id, "the answer")
+    steer = await submit(lanes, "t1", "steer", policy="steer", request_id="s")
+    assert steer.status is RequestStatus.QUEUED
+    still = await service.get(resume.id)
+    assert still.status is RunStatus.PENDING and still.steer_requested_at is None
+    # Nobody was asked to yield to it, so it can still be cancelled.
+    cancelled = await lanes.cancel_request(tenant=TENANT, request_id="s")
+    assert cancelled.status is RequestStatus.CANCELLED
+
+
+async def test_requeue_of_an_older_run_does_not_bypass_a_pause(
+    lanes: LaneService, store: RunStore, service: RunService
+) -> None:
+    first = await submit(lanes, "t1", "one")
+    assert first.run_id is not None
+    await run_to_end(store, first.run_id, Outcome.FAILED)
+    second = await submit(lanes, "t1", "two")
+    await submit(lanes, "t1", "three")
+    assert second.run_id is not None
+    await run_to_end(store, second.run_id, Outcome.FAILED)
+    assert (await snapshot(lanes, "t1")).state is LaneState.PAUSED
+    await expect_refusal("lane_paused", service.requeue(first.run_id))

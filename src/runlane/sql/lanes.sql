@@ -21,16 +21,17 @@ SELECT * FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
 -- name: lane_facts
 -- What intake and continue decide on; the caller holds the lane lock.
 SELECT
-    (SELECT id FROM runlane.runs
-     WHERE lane_id = %(lane_id)s AND status IN ('pending', 'running', 'cancel_requested'))
-        AS active_run_id,
-    (SELECT status FROM runlane.runs
-     WHERE lane_id = %(lane_id)s AND status IN ('pending', 'running', 'cancel_requested'))
-        AS active_run_status,
+    active.id AS active_run_id,
+    active.status AS active_run_status,
+    active.kind AS active_run_kind,
+    active.steer_requested_at IS NOT NULL AS active_run_asked_to_yield,
     (SELECT count(*) FROM runlane.requests
      WHERE lane_id = %(lane_id)s AND status = 'queued') AS queued,
     (SELECT id FROM runlane.requests
-     WHERE lane_id = %(lane_id)s AND status = 'queued' AND steer) AS queued_steer_id;
+     WHERE lane_id = %(lane_id)s AND status = 'queued' AND steer) AS queued_steer_id
+FROM (SELECT 1) AS one
+LEFT JOIN runlane.runs AS active
+    ON active.lane_id = %(lane_id)s AND active.status IN ('pending', 'running', 'cancel_requested');
 
 -- name: find_request
 SELECT * FROM runlane.requests WHERE tenant = %(tenant)s AND request_id = %(request_id)s;
@@ -122,6 +123,10 @@ WITH resumed AS (
 ), cleared AS (
     UPDATE runlane.lanes SET interrupted_run_id = NULL, updated_at = now()
     WHERE id = (SELECT lane_id FROM resumed) AND interrupted_run_id = %(run_id)s
+), answered AS (
+    -- An answered interrupt no longer expires.
+    UPDATE runlane.runs SET interrupt_expires_at = NULL
+    WHERE id = %(run_id)s AND EXISTS (SELECT 1 FROM resumed)
 ), notified AS (
     SELECT pg_notify('runlane_wakeup', agent) FROM resumed
 )
@@ -163,7 +168,11 @@ SET status = 'cancelled', finished_at = now(),
     error = jsonb_build_object('code', 'interrupt_expired',
                                'message', 'nobody answered the interrupt in time')
 WHERE id = %(run_id)s AND status = 'interrupted' AND interrupt_expires_at < now()
+  AND NOT EXISTS (SELECT 1 FROM runlane.runs AS r WHERE r.resumed_from = %(run_id)s)
 RETURNING id;
 
 -- name: try_recovery_lock
-SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS locked;
+SELECT pg_try_advisory_lock(%(lock_key)s) AS locked;
+
+-- name: recovery_unlock
+SELECT pg_advisory_unlock(%(lock_key)s) AS unlocked;

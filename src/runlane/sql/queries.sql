@@ -270,7 +270,11 @@ WITH target AS (
         finished_at = CASE WHEN target.status = 'running' THEN r.finished_at ELSE now() END,
         cancel_requested_at = coalesce(r.cancel_requested_at, now())
     FROM target
-    WHERE r.id = target.id AND target.status IN ('pending', 'running', 'interrupted')
+    WHERE r.id = target.id
+      AND target.status IN ('pending', 'running', 'interrupted')
+      -- An interrupted run that was resumed is over: cancel its resume instead.
+      AND NOT (target.status = 'interrupted'
+               AND EXISTS (SELECT 1 FROM runlane.runs AS x WHERE x.resumed_from = target.id))
     RETURNING r.*
 ), notified AS (
     SELECT pg_notify('runlane_cancel', id::text) FROM changed
@@ -366,7 +370,7 @@ SELECT id FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
 
 -- name: lock_lane_of_run
 -- A run's lane never changes, so reading lane_id unlocked is safe.
-SELECT l.id FROM runlane.lanes AS l
+SELECT l.id, l.paused_run_id, l.interrupted_run_id FROM runlane.lanes AS l
 WHERE l.id = (SELECT lane_id FROM runlane.runs WHERE id = %(run_id)s)
 FOR UPDATE;
 
@@ -376,7 +380,12 @@ SET paused_run_id = NULL, paused_reason = NULL, updated_at = now()
 WHERE id = %(lane_id)s AND paused_run_id = %(run_id)s;
 
 -- name: try_maintenance_lock
-SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS locked;
+-- Session-level, so each lane can be handled in its own short transaction
+-- while one process holds the job. Released by maintenance_unlock.
+SELECT pg_try_advisory_lock(%(lock_key)s) AS locked;
+
+-- name: maintenance_unlock
+SELECT pg_advisory_unlock(%(lock_key)s) AS unlocked;
 
 -- name: list_events
 SELECT run_id, seq, kind, data, attempt, created_at FROM runlane.run_events
