@@ -146,6 +146,7 @@ class Request:
     id: UUID
     request_id: str
     tenant: str
+    lane_id: int
     user_id: str
     agent: str
     thread_id: str
@@ -168,6 +169,7 @@ class Request:
             id=row["id"],
             request_id=row["request_id"],
             tenant=row["tenant"],
+            lane_id=row["lane_id"],
             user_id=row["user_id"],
             agent=row["agent"],
             thread_id=row["thread_id"],

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(default=1.0, gt=0)
     reaper_interval_seconds: float = Field(default=10.0, gt=0)
     max_input_bytes: int = Field(default=1024 * 1024, gt=0)
+    max_body_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="The HTTP API's cap on a request body."
+    )
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     cancel_grace_seconds: float = Field(
         default=30.0,

@@ -1,0 +1,122 @@
+"""The FastAPI application: ``create_app()``; served by ``runlane serve``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runlane import __version__
+from runlane.api import lanes_routes, ops_routes, runs_routes
+from runlane.api.context import ApiContext
+from runlane.api.errors import STATUS_BY_CODE, install_error_handlers
+from runlane.api.limits import BodySizeLimit
+from runlane.api.metrics import ApiMetrics
+from runlane.database import create_pool
+from runlane.event_hub import EventHub
+from runlane.keys import KeyStore
+from runlane.lane_service import LaneService
+from runlane.lane_store import LaneStore
+from runlane.service import RunService
+from runlane.settings import Settings
+from runlane.store import RunStore
+
+DESCRIPTION = """
+Durable runs for AI agents on PostgreSQL.
+
+Authenticate with `Authorization: Bearer <api key>` (`runlane keys create`).
+Errors are `{"error": {"code": "...", "message": "..."}}`; the code is
+stable. Codes and statuses:
+
+""" + "\n".join(f"- `{code}`: {status}" for code, status in sorted(STATUS_BY_CODE.items()))
+
+
+def create_app(
+    settings: Settings,
+    url: str,
+    *,
+    agents: frozenset[str] | None = None,
+    keepalive_seconds: float = 15.0,
+    pool_size: int = 20,
+) -> FastAPI:
+    """The API over the (migrated) database at ``url``. With ``agents``,
+    submissions for other agent names are refused with ``unknown_agent``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = create_pool(url, min_size=2, max_size=pool_size)
+        await pool.open(wait=False)
+        hub = EventHub(url)
+        runs = RunService(RunStore(pool), settings)
+        context = ApiContext(
+            settings=settings,
+            url=url,
+            pool=pool,
+            runs=runs,
+            lanes=LaneService(LaneStore(pool), runs),
+            keys=KeyStore(pool),
+            hub=hub,
+            metrics=ApiMetrics(lambda: hub.subscriber_count),
+            agents=agents,
+            keepalive_seconds=keepalive_seconds,
+        )
+        app.state.runlane = context
+        await hub.start()
+        try:
+            yield
+        finally:
+            await hub.stop()
+            await pool.close()
+
+    app = FastAPI(
+        title="runlane",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(lanes_routes.router)
+    app.include_router(runs_routes.router)
+    app.include_router(ops_routes.router)
+    app.add_middleware(RequestMetrics)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+class RequestMetrics:
+    """Counts requests by route template (never by raw path) and status."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        first_byte: list[float] = []
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                first_byte.append(time.perf_counter())
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            app: Any = scope.get("app")
+            context = getattr(getattr(app, "state", None), "runlane", None)
+            if context is not None:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                context.metrics.requests.labels(
+                    method=scope["method"], route=route, status=str(status)
+                ).inc()
+                elapsed = (first_byte[0] if first_byte else time.perf_counter()) - started
+                context.metrics.latency.labels(route=route).observe(elapsed)

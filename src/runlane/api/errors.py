@@ -1,0 +1,64 @@
+"""Errors as JSON ``{"error": {"code", "message"}}`` with a fitting status."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from runlane.errors import RunlaneError
+from runlane.lanes import Refusal
+from runlane.redaction import redact_text
+
+# Every code the API answers with, and its HTTP status. Stable: clients
+# branch on the code, never on the message.
+STATUS_BY_CODE: dict[str, int] = {
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "validation_error": 422,
+    "unknown_agent": 422,
+    "payload_too_large": 413,
+    "run_finished": 409,
+    "not_retryable": 409,
+    "database_unavailable": 503,
+    **{str(code): 409 for code in Refusal},
+}
+
+
+class ApiError(RunlaneError):
+    """An error raised by the HTTP layer itself."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error_response(code: str, message: str, status: int | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": redact_text(message)}},
+        status_code=status or STATUS_BY_CODE.get(code, 400),
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RunlaneError)
+    async def runlane_error(_: Request, exc: RunlaneError) -> JSONResponse:
+        return error_response(exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for error in exc.errors()[:5]:
+            where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+            parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
+        return error_response("validation_error", "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
+            exc.status_code, "http_error"
+        )
+        return error_response(code, str(exc.detail), exc.status_code)
