@@ -19,7 +19,7 @@ _PATTERNS = [
     (
         re.compile(
             r"(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|token)"
-            r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&\"']+)"
+            r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&\"']+)"
         ),
         rf"\1\2{REDACTED}",
     ),

@@ -98,6 +98,7 @@ async def test_a_handler_cancelled_by_its_own_code_is_retried_at_once(
         return "second attempt"
 
     run, _ = await service.submit("self-cancel", {})
+
     async def retried() -> Any:
         current = await service.get(run.id)
         return current if current.status is RunStatus.PENDING and current.attempts else None
@@ -211,3 +212,21 @@ def test_an_up_to_date_schema_needs_no_ddl_rights(db_url: str, sql: Conn) -> Non
 
 
 __all__ = ["database_url"]
+
+
+async def test_errors_and_events_are_redacted_before_they_are_stored(
+    service: RunService, settings: Settings
+) -> None:
+    app = App(settings)
+
+    @app.agent("leaky")
+    async def leaky(ctx: RunContext) -> Any:
+        await ctx.emit("log", {"line": "calling with Authorization: Bearer abcdefghijklmnop"})
+        raise RuntimeError("could not connect to postgresql://app:s3cr3t@db/prod")
+
+    run, _ = await service.submit("leaky", {}, max_attempts=1)
+    async with running_worker(app, settings):
+        done = await wait_for_status(service, run.id, RunStatus.DEAD)
+    assert "s3cr3t" not in str(done.error) and "[redacted]" in done.error["message"]
+    events = await service.events(run.id)
+    assert "abcdefghijklmnop" not in str(events[0].data)
