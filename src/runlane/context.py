@@ -73,6 +73,8 @@ class RunContext:
         self.checkpoint: Any = run.checkpoint
         self.metadata: dict[str, Any] = run.metadata
         self.budget: dict[str, Any] = run.budget
+        # Model turns taken so far, over every attempt of this run.
+        self.turns: int = run.turns
         self.resume_value: Any = run.resume_value
         self.kind = run.kind
         self.lease_token: UUID = claimed.lease_token
@@ -142,10 +144,28 @@ class RunContext:
         left = self.seconds_left
         if left is not None and left <= 0:
             raise BudgetExceeded("max_seconds")
+        max_turns = self.budget.get("max_turns")
+        if max_turns is not None and self.turns > max_turns:
+            raise BudgetExceeded("max_turns")
         if self._steer_requested:
             raise Steered(f"run {self.run_id}: a steer arrived")
         if self._shutdown_requested:
             raise ShutdownRequested(f"run {self.run_id}: worker shutting down")
+
+    async def turn(self) -> int:
+        """Call before each model call: a safe point, then one more turn
+        counted against ``budget.max_turns`` (over all attempts of the run).
+        Raises BudgetExceeded once the budget is spent; returns the count."""
+        await self.safe_point()
+        count = await self._fenced(lambda: self._store.count_turn(self.run_id, self.lease_token))
+        if count is None:
+            self._lost()
+        assert count is not None
+        self.turns = count
+        max_turns = self.budget.get("max_turns")
+        if max_turns is not None and count > max_turns:
+            raise BudgetExceeded("max_turns")
+        return count
 
     async def interrupt(self, payload: Any, *, expires_in: float | None = None) -> None:
         """Ends the run ``interrupted`` with ``payload`` (the question for a

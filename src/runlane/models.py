@@ -69,6 +69,7 @@ class Run:
     available_at: datetime
     attempts: int
     claim_count: int
+    turns: int
     max_attempts: int
     budget: dict[str, Any]
     deadline_at: datetime | None
@@ -109,6 +110,7 @@ class Run:
             available_at=row["available_at"],
             attempts=row["attempts"],
             claim_count=row["claim_count"],
+            turns=row["turns"],
             max_attempts=row["max_attempts"],
             budget=row["budget"],
             deadline_at=row["deadline_at"],

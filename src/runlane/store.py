@@ -306,6 +306,11 @@ class RunStore:
         )
         return row is not None
 
+    async def count_turn(self, run_id: UUID, lease_token: UUID) -> int | None:
+        """Fenced: counts one more model turn; None when the lease is lost."""
+        row = await self._fetch_one("count_turn", {"run_id": run_id, "lease_token": lease_token})
+        return int(row["turns"]) if row else None
+
     async def get_effect(self, run_id: UUID, key: str) -> tuple[bool, Any]:
         """(found, recorded result) of an effect."""
         row = await self._fetch_one("get_effect", {"run_id": run_id, "key": key})

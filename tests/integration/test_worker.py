@@ -353,3 +353,71 @@ async def test_concurrency_limits_runs_in_flight(service: RunService, settings: 
         for run in runs:
             await wait_for_status(service, run.id, RunStatus.COMPLETED)
     assert peak == 4
+
+
+async def test_max_turns_budget_fails_the_run_without_retry(
+    service: RunService, settings: Settings
+) -> None:
+    app = App(settings)
+    model_calls = 0
+
+    @app.agent("chatty")
+    async def chatty(ctx: RunContext) -> Any:
+        nonlocal model_calls
+        while True:
+            await ctx.turn()
+            model_calls += 1
+            await asyncio.sleep(0)
+
+    run, _ = await service.submit("chatty", {}, budget={"max_turns": 3}, max_attempts=3)
+    async with running_worker(app, settings):
+        done = await wait_for_status(service, run.id, RunStatus.FAILED)
+    assert done.error["code"] == "budget_exceeded" and "max_turns" in done.error["message"]
+    assert model_calls == 3 and done.attempts == 1 and done.turns == 4
+
+
+async def test_turns_count_across_attempts(service: RunService, settings: Settings) -> None:
+    app = App(settings)
+
+    @app.agent("two-tries")
+    async def two_tries(ctx: RunContext) -> Any:
+        await ctx.turn()
+        if ctx.attempt == 1:
+            await ctx.turn()
+            raise Retry("model error", delay=0)
+        return ctx.turns
+
+    run, _ = await service.submit("two-tries", {}, budget={"max_turns": 3})
+    async with running_worker(app, settings):
+        done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
+    assert done.output == 3
+
+
+async def test_a_tool_retried_inside_the_handler_uses_no_queue_attempt(
+    service: RunService, settings: Settings
+) -> None:
+    """ "Try again" of a failing tool is the handler's own loop: the run keeps
+    its one attempt."""
+    app = App(settings)
+    tries = 0
+
+    async def flaky_tool() -> str:
+        nonlocal tries
+        tries += 1
+        if tries < 3:
+            raise ConnectionError("tool timed out")
+        return "tool result"
+
+    @app.agent("tool-user")
+    async def tool_user(ctx: RunContext) -> Any:
+        for _ in range(5):
+            try:
+                return await flaky_tool()
+            except ConnectionError:
+                await ctx.safe_point()
+        raise Fail("tool_unavailable")
+
+    run, _ = await service.submit("tool-user", {})
+    async with running_worker(app, settings):
+        done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
+    assert done.output == "tool result" and done.attempts == 1 and tries == 3

@@ -234,6 +234,13 @@ WHERE id = %(run_id)s AND lease_token = %(lease_token)s
   AND status IN ('running', 'cancel_requested')
 RETURNING id;
 
+-- name: count_turn
+-- Fenced: one more model turn for the run; returns the new count.
+UPDATE runlane.runs SET turns = turns + 1
+WHERE id = %(run_id)s AND lease_token = %(lease_token)s
+  AND status IN ('running', 'cancel_requested')
+RETURNING turns;
+
 -- name: get_effect
 SELECT result FROM runlane.run_effects WHERE run_id = %(run_id)s AND key = %(key)s;
 
