@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=1024 * 1024, gt=0, description="The HTTP API's cap on a request body."
     )
+    priority_aging_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="A pending run gains one priority point per this many seconds waited"
+        " (0 turns aging off).",
+    )
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     cancel_grace_seconds: float = Field(
         default=30.0,

@@ -206,19 +206,22 @@ class RunStore:
         limit: int,
         lease_seconds: float,
         agents: Sequence[str] | None = None,
+        aging_seconds: float = 0.0,
     ) -> list[ClaimedRun]:
-        params = {
-            "worker_id": worker_id,
-            "limit": limit,
-            "lease_seconds": float(lease_seconds),
-            "agents": list(agents) if agents is not None else None,
-        }
-        if agents is None:
-            rows = await self._fetch_all("claim_batch", params)
-        elif not agents:
+        """Claims up to ``limit`` runs of ``agents`` (None: any agent).
+        ``aging_seconds``: one priority point per that many seconds waited."""
+        if agents is not None and not agents:
             return []
-        else:
-            rows = await self._fetch_all("claim_batch_for_agents", params)
+        rows = await self._fetch_all(
+            "claim_batch",
+            {
+                "worker_id": worker_id,
+                "limit": limit,
+                "lease_seconds": float(lease_seconds),
+                "agents": list(agents) if agents is not None else None,
+                "aging_seconds": float(aging_seconds),
+            },
+        )
         return [
             ClaimedRun(
                 run=Run.from_row(row),
@@ -227,6 +230,18 @@ class RunStore:
             )
             for row in rows
         ]
+
+    async def set_tenant_limit(self, tenant: str, max_running: int | None) -> None:
+        """Caps a tenant's running runs; None removes the cap."""
+        if max_running is None:
+            await self._fetch_all("clear_tenant_limit", {"tenant": tenant})
+        else:
+            await self._fetch_all(
+                "set_tenant_limit", {"tenant": tenant, "max_running": max_running}
+            )
+
+    async def list_tenant_limits(self, tenant: str | None = None) -> list[DictRow]:
+        return await self._fetch_all("list_tenant_limits", {"tenant": tenant})
 
     async def renew_leases(
         self, leases: Sequence[tuple[UUID, UUID]], *, lease_seconds: float

@@ -218,6 +218,7 @@ class Worker:
                         limit=want,
                         lease_seconds=self.settings.lease_seconds,
                         agents=self.agents,
+                        aging_seconds=self.settings.priority_aging_seconds,
                     )
                 except Exception as exc:
                     self.claim_failures += 1

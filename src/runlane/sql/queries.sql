@@ -39,78 +39,32 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: claim_batch
--- Claims up to `limit` runs of any agent in one short transaction: highest
--- priority first, then available_at, then submission order. Each claim
--- counts an attempt, takes a fresh lease token and writes an attempts row.
-WITH picked AS (
-    SELECT id FROM runlane.runs
-    WHERE status = 'pending'
-      AND available_at <= now()
-      AND attempts < max_attempts
-    ORDER BY priority DESC, available_at, seq
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE runlane.runs AS r
-    SET status = 'running',
-        attempts = r.attempts + 1,
-        claim_count = r.claim_count + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        worker_id = %(worker_id)s,
-        started_at = coalesce(r.started_at, now()),
-        deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
-            least((r.budget ->> 'max_seconds')::double precision, 31536000)))
-    FROM picked
-    WHERE r.id = picked.id
-    RETURNING r.*
-), attempt_rows AS (
-    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
-    SELECT id, claim_count, worker_id, lease_token FROM claimed
-)
-SELECT claimed.*,
-       extract(epoch FROM claimed.deadline_at - now())::double precision AS deadline_in_seconds
-FROM claimed
-ORDER BY priority DESC, available_at, seq;
+-- Claims up to `limit` runs (of `agents`, or any agent when NULL) in one
+-- short transaction: highest effective priority first (priority, aged by
+-- waiting time), then available_at, then submission order; tenant caps
+-- respected. See runlane.claim_runs in the migrations.
+SELECT c.*,
+       extract(epoch FROM c.deadline_at - now())::double precision AS deadline_in_seconds
+FROM runlane.claim_runs(%(worker_id)s, %(agents)s::text[], %(limit)s,
+                        %(lease_seconds)s, %(aging_seconds)s) AS c
+ORDER BY c.priority DESC, c.available_at, c.seq;
 
--- name: claim_batch_for_agents
--- claim_batch for the given agents only: each agent's own index, merged.
-WITH candidates AS (
-    SELECT c.* FROM unnest(%(agents)s::text[]) AS a(agent)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, available_at, seq FROM runlane.runs
-        WHERE status = 'pending'
-          AND agent = a.agent
-          AND available_at <= now()
-          AND attempts < max_attempts
-        ORDER BY priority DESC, available_at, seq
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-), picked AS (
-    SELECT id FROM candidates ORDER BY priority DESC, available_at, seq LIMIT %(limit)s
-), claimed AS (
-    UPDATE runlane.runs AS r
-    SET status = 'running',
-        attempts = r.attempts + 1,
-        claim_count = r.claim_count + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        worker_id = %(worker_id)s,
-        started_at = coalesce(r.started_at, now()),
-        deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
-            least((r.budget ->> 'max_seconds')::double precision, 31536000)))
-    FROM picked
-    WHERE r.id = picked.id
-    RETURNING r.*
-), attempt_rows AS (
-    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
-    SELECT id, claim_count, worker_id, lease_token FROM claimed
-)
-SELECT claimed.*,
-       extract(epoch FROM claimed.deadline_at - now())::double precision AS deadline_in_seconds
-FROM claimed
-ORDER BY priority DESC, available_at, seq;
+-- name: set_tenant_limit
+INSERT INTO runlane.tenant_limits (tenant, max_running)
+VALUES (%(tenant)s, %(max_running)s)
+ON CONFLICT (tenant) DO UPDATE SET max_running = excluded.max_running, updated_at = now()
+RETURNING tenant, max_running;
+
+-- name: clear_tenant_limit
+DELETE FROM runlane.tenant_limits WHERE tenant = %(tenant)s RETURNING tenant;
+
+-- name: list_tenant_limits
+SELECT l.tenant, l.max_running,
+       (SELECT count(*) FROM runlane.runs AS r
+        WHERE r.tenant = l.tenant AND r.status IN ('running', 'cancel_requested')) AS running
+FROM runlane.tenant_limits AS l
+WHERE (%(tenant)s::text IS NULL OR l.tenant = %(tenant)s)
+ORDER BY l.tenant;
 
 -- name: renew_leases
 -- One statement per heartbeat tick for every lease a worker holds. Returns
