@@ -20,7 +20,7 @@ from uuid import UUID
 from runlane.context import TRANSIENT_ERRORS
 from runlane.execution import Execution, StopReason
 from runlane.models import LeaseState, RunStatus
-from runlane.store import RunStore
+from runlane.store import RunStore, WorkerIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,9 @@ class Heartbeat:
         interval_seconds: float,
         on_cancel_requested: Callable[[Execution], None],
         on_steer_requested: Callable[[Execution], None],
+        worker: Callable[[], WorkerIdentity] | None = None,
     ) -> None:
+        self._worker = worker
         self._store = store
         self._executions = executions
         self._lease_seconds = lease_seconds
@@ -68,12 +70,12 @@ class Heartbeat:
     async def renew(self) -> None:
         """One tick: renews every held lease in one statement."""
         held = [e for e in self._executions.values() if not e.context.lease_lost]
-        if not held:
-            return
         sent_at = time.monotonic()
         renewal = asyncio.create_task(
             self._store.renew_leases(
-                [(e.run_id, e.lease_token) for e in held], lease_seconds=self._lease_seconds
+                [(e.run_id, e.lease_token) for e in held],
+                lease_seconds=self._lease_seconds,
+                worker=self._worker() if self._worker else None,
             )
         )
         done, _ = await asyncio.wait({renewal}, timeout=self._interval)

@@ -8,6 +8,9 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Interrupted runs wait for a human and are never pruned.
+PRUNABLE_STATUSES = ("completed", "failed", "dead", "cancelled")
+
 
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -42,12 +45,39 @@ class Settings(BaseSettings):
         description="A pending run gains one priority point per this many seconds waited"
         " (0 turns aging off).",
     )
+    retention_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="Finished runs older than this are pruned (with their attempts, events"
+        " and effects).",
+    )
+    retention_by_status: dict[str, float] = Field(
+        default_factory=dict,
+        description='Per-status retention in seconds, as JSON: {"dead": 2592000}.',
+    )
+    pruner_interval_seconds: float = Field(default=60.0, gt=0)
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     cancel_grace_seconds: float = Field(
         default=30.0,
         ge=0,
         description="After a cancel reaches a handler, how long it may run before it is stopped.",
     )
+
+    def retention(self) -> dict[str, float]:
+        """Retention in seconds of each finished status that is pruned."""
+        return {
+            status: self.retention_by_status.get(status, self.retention_seconds)
+            for status in PRUNABLE_STATUSES
+        }
+
+    @model_validator(mode="after")
+    def _retention_statuses(self) -> Settings:
+        unknown = set(self.retention_by_status) - set(PRUNABLE_STATUSES)
+        if unknown:
+            raise ValueError(
+                f"retention_by_status: {sorted(unknown)} are not among {list(PRUNABLE_STATUSES)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _heartbeat_within_lease(self) -> Settings:

@@ -24,6 +24,7 @@ from runlane.queries import named_queries
 # Maintenance jobs (reaper, recovery, pruner) each take their own key, so
 # one process at a time does each job.
 REAPER_LOCK_KEY = 0x726C5F7265617065
+PRUNER_LOCK_KEY = 0x726C5F7072756E
 
 
 def _json(value: Any) -> Jsonb | None:
@@ -42,6 +43,17 @@ class NewRun:
     budget: dict[str, Any] | None = None
     idempotency_key: str | None = None
     metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """How a worker shows up in runlane.workers."""
+
+    id: str
+    hostname: str
+    pid: int
+    agents: list[str] | None
+    concurrency: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,20 +256,28 @@ class RunStore:
         return await self._fetch_all("list_tenant_limits", {"tenant": tenant})
 
     async def renew_leases(
-        self, leases: Sequence[tuple[UUID, UUID]], *, lease_seconds: float
+        self,
+        leases: Sequence[tuple[UUID, UUID]],
+        *,
+        lease_seconds: float,
+        worker: WorkerIdentity | None = None,
     ) -> dict[UUID, LeaseState]:
-        """Renews every (run_id, lease_token) in one statement. Returns the
-        runs whose lease is still held: renewed (with their status and
-        whether a steer waits) or, when their row was busy, not renewed this
-        tick (status None). A run missing from the answer lost its lease."""
-        if not leases:
-            return {}
+        """Renews every (run_id, lease_token) in one statement, which also
+        marks the worker seen. Returns the runs whose lease is still held:
+        renewed (with their status and whether a steer waits) or, when their
+        row was busy, not renewed this tick (status None). A run missing
+        from the answer lost its lease."""
         rows = await self._fetch_all(
             "renew_leases",
             {
                 "run_ids": [run_id for run_id, _ in leases],
                 "lease_tokens": [token for _, token in leases],
                 "lease_seconds": float(lease_seconds),
+                "worker_id": worker.id if worker else "",
+                "hostname": worker.hostname if worker else "",
+                "pid": worker.pid if worker else 0,
+                "agents": worker.agents if worker else None,
+                "concurrency": worker.concurrency if worker else 0,
             },
         )
         return {
@@ -267,6 +287,74 @@ class RunStore:
             for row in rows
             if row["renewed"] or row["still_held"]
         }
+
+    async def queue_gauges(self, *, tenant: str | None = None) -> list[DictRow]:
+        return await self._fetch_all("queue_gauges", {"tenant": tenant})
+
+    async def dead_count(self, *, tenant: str | None = None) -> int:
+        row = await self._fetch_one("dead_count", {"tenant": tenant})
+        return int(row["count"]) if row else 0
+
+    async def waiting_lanes(self, *, tenant: str | None = None, limit: int = 100) -> list[DictRow]:
+        return await self._fetch_all("waiting_lanes", {"tenant": tenant, "limit": limit})
+
+    async def worker_stopped(self, worker_id: str) -> None:
+        await self._fetch_all("worker_stopped", {"worker_id": worker_id})
+
+    async def list_workers(self, *, alive_seconds: float) -> list[DictRow]:
+        return await self._fetch_all("list_workers", {"alive_seconds": float(alive_seconds)})
+
+    async def prune(
+        self,
+        older_than_seconds: dict[RunStatus, float],
+        *,
+        batch: int = 500,
+        exclusive: bool = False,
+    ) -> tuple[int, int] | None:
+        """Deletes finished runs (with attempts, events, effects) older than
+        the retention of their status, then ended requests, in small
+        batches. Returns (runs, requests) deleted. With ``exclusive``, only
+        one process prunes at a time: None when another holds the lock."""
+        statuses = [str(status) for status in older_than_seconds]
+        seconds = [float(value) for value in older_than_seconds.values()]
+        async with self.pool.connection() as conn:
+            if exclusive:
+                cur = await conn.execute(
+                    self._sql["try_maintenance_lock"], {"lock_key": PRUNER_LOCK_KEY}
+                )
+                locked = await cur.fetchone()
+                if not locked or not locked["locked"]:
+                    return None
+            try:
+                runs = await self._delete_batches(
+                    conn,
+                    "prune_runs",
+                    {"statuses": statuses, "older_than_seconds": seconds, "batch": batch},
+                )
+                requests = 0
+                if seconds:
+                    requests = await self._delete_batches(
+                        conn,
+                        "prune_requests",
+                        {"older_than_seconds": min(seconds), "batch": batch},
+                    )
+                return runs, requests
+            finally:
+                if exclusive:
+                    await conn.execute(
+                        self._sql["maintenance_unlock"], {"lock_key": PRUNER_LOCK_KEY}
+                    )
+
+    async def _delete_batches(
+        self, conn: AsyncConnection[DictRow], name: str, params: dict[str, Any]
+    ) -> int:
+        deleted = 0
+        while True:
+            cur = await conn.execute(self._sql[name], params)
+            rows = await cur.fetchall()
+            deleted += len(rows)
+            if len(rows) < params["batch"]:
+                return deleted
 
     async def finish_attempt(
         self,

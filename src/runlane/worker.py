@@ -30,10 +30,11 @@ from runlane.heartbeat import Heartbeat
 from runlane.lane_store import LaneStore
 from runlane.listener import Listener
 from runlane.models import ClaimedRun
+from runlane.pruner import Pruner
 from runlane.reaper import Reaper
 from runlane.recovery import Recovery
 from runlane.settings import Settings
-from runlane.store import RunStore
+from runlane.store import RunStore, WorkerIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Worker:
             interval_seconds=self.settings.heartbeat_seconds,
             on_cancel_requested=self._cancel_requested,
             on_steer_requested=self._steer_requested,
+            worker=self.identity,
         )
         self.listener: Listener | None = (
             Listener(
@@ -112,6 +114,15 @@ class Worker:
         )
         self.reaper: Reaper | None = (
             Reaper(self.store, interval_seconds=self.settings.reaper_interval_seconds)
+            if run_reaper
+            else None
+        )
+        self.pruner: Pruner | None = (
+            Pruner(
+                self.store,
+                retention=self.settings.retention(),
+                interval_seconds=self.settings.pruner_interval_seconds,
+            )
             if run_reaper
             else None
         )
@@ -132,6 +143,15 @@ class Worker:
             return None
         return self._served if self._served is not None else list(self.app.agents)
 
+    def identity(self) -> WorkerIdentity:
+        return WorkerIdentity(
+            id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            agents=self.agents,
+            concurrency=self.concurrency,
+        )
+
     # -- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
@@ -143,6 +163,8 @@ class Worker:
             await self.reaper.start()
         if self.recovery is not None:
             await self.recovery.start()
+        if self.pruner is not None:
+            await self.pruner.start()
         self._claim_task = asyncio.create_task(self._claim_loop(), name="runlane-claim")
         logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
 
@@ -161,12 +183,16 @@ class Worker:
             await self._release(grace)
         finally:
             await self.heartbeat.stop()
+            with contextlib.suppress(Exception):
+                await self.store.worker_stopped(self.worker_id)
             if self.listener is not None:
                 await self.listener.stop()
             if self.reaper is not None:
                 await self.reaper.stop()
             if self.recovery is not None:
                 await self.recovery.stop()
+            if self.pruner is not None:
+                await self.pruner.stop()
             await self._pool.close()
         logger.info("worker %s stopped", self.worker_id)
 

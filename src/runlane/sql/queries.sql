@@ -74,7 +74,14 @@ ORDER BY l.tenant;
 -- just now (SKIP LOCKED, so one busy row never stalls all the others), and
 -- the next tick tries again. An expired lease is never revived, even before
 -- the reaper sees it.
-WITH held AS (
+WITH seen AS (
+    -- The worker's own liveness rides on the same statement.
+    INSERT INTO runlane.workers (id, hostname, pid, agents, concurrency, running)
+    VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(agents)s, %(concurrency)s,
+            cardinality(%(run_ids)s::uuid[]))
+    ON CONFLICT (id) DO UPDATE
+    SET last_seen_at = now(), running = excluded.running, agents = excluded.agents
+), held AS (
     SELECT * FROM unnest(%(run_ids)s::uuid[], %(lease_tokens)s::uuid[])
         AS held(run_id, lease_token)
 ), lockable AS (
@@ -347,6 +354,78 @@ SELECT pg_try_advisory_lock(%(lock_key)s) AS locked;
 
 -- name: maintenance_unlock
 SELECT pg_advisory_unlock(%(lock_key)s) AS unlocked;
+
+-- name: worker_stopped
+UPDATE runlane.workers SET stopped_at = now(), running = 0 WHERE id = %(worker_id)s;
+
+-- name: list_workers
+-- Workers seen within alive_seconds, with the runs they hold.
+SELECT w.*, (w.stopped_at IS NULL AND w.last_seen_at > now() - make_interval(secs =>
+                 %(alive_seconds)s)) AS alive,
+       coalesce((SELECT array_agg(r.id ORDER BY r.started_at) FROM runlane.runs AS r
+                 WHERE r.worker_id = w.id AND r.status IN ('running', 'cancel_requested')),
+                '{}') AS run_ids
+FROM runlane.workers AS w
+WHERE w.stopped_at IS NULL OR w.stopped_at > now() - interval '1 hour'
+ORDER BY w.started_at;
+
+-- name: prune_runs
+-- One batch of finished runs older than the cutoff for their status; their
+-- attempts, events and effects go with them (ON DELETE CASCADE).
+WITH doomed AS (
+    SELECT r.id FROM runlane.runs AS r
+    JOIN unnest(%(statuses)s::text[], %(older_than_seconds)s::double precision[])
+        AS keep(status, seconds) ON keep.status = r.status
+    WHERE r.status IN ('completed', 'failed', 'dead', 'cancelled')
+      AND r.finished_at < now() - make_interval(secs => keep.seconds)
+    ORDER BY r.finished_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM runlane.runs AS r USING doomed WHERE r.id = doomed.id
+RETURNING r.id;
+
+-- name: prune_requests
+-- Requests that ended without a run (cancelled, rejected, failed), and
+-- dispatched ones whose run was pruned.
+WITH doomed AS (
+    SELECT id FROM runlane.requests
+    WHERE (status IN ('cancelled', 'rejected', 'failed')
+           AND ended_at < now() - make_interval(secs => %(older_than_seconds)s))
+       OR (status = 'dispatched' AND run_id IS NULL
+           AND dispatched_at < now() - make_interval(secs => %(older_than_seconds)s))
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM runlane.requests AS q USING doomed WHERE q.id = doomed.id
+RETURNING q.id;
+
+-- name: queue_gauges
+-- Pending and running runs by agent and tenant, read from the partial
+-- indexes of live rows only: cost grows with the backlog, never with history.
+SELECT status, agent, tenant, count(*) AS count,
+       extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'pending'))
+           AS oldest_pending_seconds
+FROM runlane.runs
+WHERE status IN ('pending', 'running', 'cancel_requested')
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+GROUP BY status, agent, tenant
+ORDER BY status, agent, tenant;
+
+-- name: dead_count
+SELECT count(*) AS count FROM runlane.runs
+WHERE status = 'dead' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s);
+
+-- name: waiting_lanes
+SELECT l.tenant, l.user_id, l.agent, l.thread_id, l.paused_reason, l.paused_run_id,
+       l.interrupted_run_id,
+       (SELECT count(*) FROM runlane.requests AS q
+        WHERE q.lane_id = l.id AND q.status = 'queued') AS queued
+FROM runlane.lanes AS l
+WHERE (l.paused_run_id IS NOT NULL OR l.interrupted_run_id IS NOT NULL)
+  AND (%(tenant)s::text IS NULL OR l.tenant = %(tenant)s)
+ORDER BY l.updated_at
+LIMIT %(limit)s;
 
 -- name: list_events
 SELECT run_id, seq, kind, data, attempt, created_at FROM runlane.run_events

@@ -1,0 +1,163 @@
+"""Operators' levers: retention, workers alive, overview, bulk re-queue."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlane import App, RunContext
+from runlane.errors import InvalidInput
+from runlane.models import Outcome, RunStatus
+from runlane.operations import Operations
+from runlane.pruner import Pruner
+from runlane.service import RunService
+from runlane.settings import Settings
+from runlane.store import PRUNER_LOCK_KEY, RunStore
+from tests.support import running_worker, wait_until
+
+Conn = psycopg.Connection[Any]
+
+
+async def finish_one(store: RunStore, outcome: Outcome, **kwargs: Any) -> Any:
+    claimed = (await store.claim_batch(worker_id="w", limit=1, lease_seconds=30))[0]
+    return await store.finish_attempt(claimed.run.id, claimed.lease_token, outcome, **kwargs)
+
+
+async def test_pruner_deletes_old_finished_runs_with_their_history(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    kept, _ = await service.submit("a", {})
+    old, _ = await service.submit("a", {})
+    dead, _ = await service.submit("a", {}, max_attempts=1)
+    for _ in (kept, old):
+        claimed = (await store.claim_batch(worker_id="w", limit=1, lease_seconds=30))[0]
+        await store.append_event(claimed.run.id, claimed.lease_token, "token", {})
+        await store.finish_attempt(claimed.run.id, claimed.lease_token, Outcome.COMPLETED)
+    await finish_one(store, Outcome.RETRY, retry_delay_seconds=0)
+    pending, _ = await service.submit("a", {})
+    sql.execute(
+        "UPDATE runlane.runs SET finished_at = now() - interval '8 days' WHERE id IN (%s, %s)",
+        (old.id, dead.id),
+    )
+    pruner = Pruner(
+        store,
+        retention={"completed": 7 * 86400, "dead": 30 * 86400},
+        interval_seconds=60,
+    )
+    assert await pruner.run_once() == (1, 0)
+    left = {row[0] for row in sql.execute("SELECT id FROM runlane.runs").fetchall()}
+    assert left == {kept.id, dead.id, pending.id}
+    assert sql.execute(
+        "SELECT count(*) FROM runlane.run_attempts WHERE run_id = %s", (old.id,)
+    ).fetchone() == (0,)
+    assert sql.execute(
+        "SELECT count(*) FROM runlane.run_events WHERE run_id = %s", (old.id,)
+    ).fetchone() == (0,)
+
+
+async def test_one_pruner_at_a_time(store: RunStore, db_url: str) -> None:
+    with psycopg.connect(db_url) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (PRUNER_LOCK_KEY,))
+        assert await store.prune({RunStatus.COMPLETED: 0}, exclusive=True) is None
+
+
+async def test_prune_on_demand_and_pruning_deletes_in_batches(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+        " SELECT 'a', '{}', 3, 'completed', now() - interval '1 hour'"
+        " FROM generate_series(1, 1200)"
+    )
+    ops = Operations(service)
+    assert await ops.prune(older_than_seconds=7200) == (0, 0)
+    assert await ops.prune(older_than_seconds=60) == (1200, 0)
+    with pytest.raises(InvalidInput):
+        await ops.prune(older_than_seconds=-1)
+
+
+def test_retention_settings() -> None:
+    settings = Settings(retention_seconds=100, retention_by_status={"dead": 1000})
+    assert settings.retention() == {
+        "completed": 100,
+        "failed": 100,
+        "dead": 1000,
+        "cancelled": 100,
+    }
+    with pytest.raises(ValueError, match="retention_by_status"):
+        Settings(retention_by_status={"interrupted": 1})
+
+
+async def test_workers_are_seen_alive_with_their_runs_and_marked_stopped(
+    service: RunService, settings: Settings
+) -> None:
+    app = App(settings)
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @app.agent("hold")
+    async def hold(ctx: RunContext) -> Any:
+        started.set()
+        await release.wait()
+        return None
+
+    ops = Operations(service)
+    run, _ = await service.submit("hold", {})
+    async with running_worker(app, settings, concurrency=3) as worker:
+        await asyncio.wait_for(started.wait(), 10)
+
+        async def seen() -> Any:
+            rows = [w for w in await ops.workers() if w["id"] == worker.worker_id]
+            return rows[0] if rows and rows[0]["run_ids"] else None
+
+        row = await wait_until(seen, message="worker seen with its run")
+        assert row["alive"] and row["concurrency"] == 3 and row["run_ids"] == [run.id]
+        assert row["agents"] == ["hold"]
+        release.set()
+    rows = [w for w in await ops.workers() if w["id"] == worker.worker_id]
+    assert rows and not rows[0]["alive"] and rows[0]["stopped_at"] is not None
+
+
+async def test_overview_counts_live_runs_dead_letter_and_oldest_pending(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    await service.submit("a", {}, tenant="t2", max_attempts=1)
+    await service.submit("a", {}, tenant="t1")
+    await service.submit("b", {}, tenant="t1")
+    sql.execute("UPDATE runlane.runs SET available_at = now() - interval '90 seconds'")
+    await finish_one(store, Outcome.RETRY, retry_delay_seconds=0)  # -> dead
+    overview = await Operations(service).overview()
+    live = {(r["status"], r["agent"], r["tenant"]): r["count"] for r in overview.live}
+    assert sum(live.values()) == 2 and overview.dead == 1
+    assert overview.oldest_pending_seconds is not None
+    assert 89 < overview.oldest_pending_seconds < 120
+
+
+async def test_bulk_requeue_of_dead_runs_of_one_agent(service: RunService, store: RunStore) -> None:
+    for agent in ("mail", "mail", "chat"):
+        await service.submit(agent, {}, max_attempts=1)
+    for _ in range(3):
+        await finish_one(store, Outcome.RETRY, retry_delay_seconds=0)
+    ops = Operations(service)
+    done, refused = await ops.requeue_many(statuses=[RunStatus.DEAD], agent="mail")
+    assert len(done) == 2 and refused == []
+    assert {r.status for r in done} == {RunStatus.PENDING}
+    assert await store.dead_count() == 1
+    with pytest.raises(InvalidInput):
+        await ops.requeue_many(statuses=[RunStatus.COMPLETED])
+
+
+async def test_tenant_caps_can_be_set_listed_and_removed(service: RunService) -> None:
+    ops = Operations(service)
+    await ops.set_tenant_cap("acme", 5)
+    await ops.set_tenant_cap("acme", 3)
+    assert [(c["tenant"], c["max_running"], c["running"]) for c in await ops.tenant_caps()] == [
+        ("acme", 3, 0)
+    ]
+    await ops.set_tenant_cap("acme", None)
+    assert await ops.tenant_caps() == []
+    with pytest.raises(InvalidInput):
+        await ops.set_tenant_cap("acme", -1)
