@@ -7,9 +7,10 @@ import asyncio
 import enum
 import json
 import logging
+import time
 import traceback
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -27,6 +28,9 @@ from runlane.outcomes import (
 )
 from runlane.redaction import redact
 from runlane.store import RunStore
+
+if TYPE_CHECKING:
+    from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,9 @@ class Execution:
         *,
         lease_seconds: float,
         claim_sent_at: float,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self.claimed = claimed
         self.run_id = claimed.run.id
         self.lease = LeaseClock(lease_seconds)
@@ -100,6 +106,12 @@ class Execution:
         self._handler_task = asyncio.create_task(
             self._handler(self.context), name=f"runlane-run-{run.id}"
         )
+        if self._metrics is not None:
+            timer = self._metrics.handler_seconds.labels(agent=run.agent)
+            started = time.monotonic()
+            self._handler_task.add_done_callback(
+                lambda _: timer.observe(time.monotonic() - started)
+            )
         try:
             result = await asyncio.shield(self._handler_task)
         except asyncio.CancelledError as exc:
@@ -218,6 +230,8 @@ class Execution:
             if self.final is None:
                 logger.warning("run %s: lease lost before %s was recorded", self.run_id, outcome)
                 self.context.mark_lease_lost()
+            elif self._metrics is not None:
+                self._metrics.finished.labels(outcome=str(outcome)).inc()
             return
         logger.warning("run %s: lease ran out before %s was recorded", self.run_id, outcome)
 

@@ -21,6 +21,7 @@ from runlane.context import TRANSIENT_ERRORS
 from runlane.execution import Execution, StopReason
 from runlane.models import LeaseState, RunStatus
 from runlane.store import RunStore, WorkerIdentity
+from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ class Heartbeat:
         on_cancel_requested: Callable[[Execution], None],
         on_steer_requested: Callable[[Execution], None],
         worker: Callable[[], WorkerIdentity] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._worker = worker
         self._store = store
         self._executions = executions
@@ -97,10 +100,14 @@ class Heartbeat:
                         "run %s: lease lost (another owner, or expired)", execution.run_id
                     )
                     execution.stop(StopReason.LEASE_LOST)
+                    if self._metrics is not None:
+                        self._metrics.leases_lost.inc()
                 continue
             if not state.renewed:
                 continue  # the row was busy; the next tick tries again
             execution.lease.renewed(sent_at)
+            if self._metrics is not None:
+                self._metrics.renewals.inc()
             if state.status is RunStatus.CANCEL_REQUESTED:
                 self._on_cancel_requested(execution)
             if state.steer_requested:
@@ -116,6 +123,8 @@ class Heartbeat:
                 # Any failure (a connection cut, a read-only failover, a bug)
                 # is retried soon; the watchdog alone decides to stop runs.
                 self.failures += 1
+                if self._metrics is not None:
+                    self._metrics.heartbeat_failures.inc()
                 if isinstance(exc, TRANSIENT_ERRORS):
                     logger.warning("heartbeat failed (%r); retrying in %.1fs", exc, retry_after)
                 else:
@@ -133,4 +142,6 @@ class Heartbeat:
                         "run %s: lease not renewed in time; stopping its work", execution.run_id
                     )
                     execution.stop(StopReason.LEASE_LOST)
+                    if self._metrics is not None:
+                        self._metrics.leases_lost.inc()
             await asyncio.sleep(period)

@@ -35,6 +35,7 @@ from runlane.reaper import Reaper
 from runlane.recovery import Recovery
 from runlane.settings import Settings
 from runlane.store import RunStore, WorkerIdentity
+from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Worker:
         listen: bool = True,
         notify: bool = True,
         run_reaper: bool = True,
+        metrics_port: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -86,11 +88,14 @@ class Worker:
         self._served = list(agents) if agents is not None else None
         self.claim_unknown_agents = claim_unknown_agents
         self._listen = listen
+        self.metrics = WorkerMetrics()
+        self._metrics_port = metrics_port
         self._pool = create_pool(url, min_size=2, max_size=concurrency + 3)
         self.store = RunStore(self._pool, notify=notify)
         self.executions: dict[UUID, Execution] = {}
         self._tasks: dict[UUID, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
+        self._woken_by = "slot"
         self._stopping = False
         self._claim_task: asyncio.Task[None] | None = None
         self.heartbeat = Heartbeat(
@@ -101,6 +106,7 @@ class Worker:
             on_cancel_requested=self._cancel_requested,
             on_steer_requested=self._steer_requested,
             worker=self.identity,
+            metrics=self.metrics,
         )
         self.listener: Listener | None = (
             Listener(
@@ -156,6 +162,9 @@ class Worker:
 
     async def start(self) -> None:
         await self._pool.open(wait=False)
+        if self._metrics_port is not None:
+            self.metrics.serve(self._metrics_port)
+            await self.metrics.start_queue_gauges(self.store)
         await self.heartbeat.start()
         if self.listener is not None:
             await self.listener.start()
@@ -182,6 +191,7 @@ class Worker:
         try:
             await self._release(grace)
         finally:
+            await self.metrics.stop()
             await self.heartbeat.stop()
             with contextlib.suppress(Exception):
                 await self.store.worker_stopped(self.worker_id)
@@ -239,13 +249,14 @@ class Worker:
                 want = min(free, self.batch_size)
                 sent_at = time.monotonic()
                 try:
-                    batch = await self.store.claim_batch(
-                        worker_id=self.worker_id,
-                        limit=want,
-                        lease_seconds=self.settings.lease_seconds,
-                        agents=self.agents,
-                        aging_seconds=self.settings.priority_aging_seconds,
-                    )
+                    with self.metrics.claim_seconds.time():
+                        batch = await self.store.claim_batch(
+                            worker_id=self.worker_id,
+                            limit=want,
+                            lease_seconds=self.settings.lease_seconds,
+                            agents=self.agents,
+                            aging_seconds=self.settings.priority_aging_seconds,
+                        )
                 except Exception as exc:
                     self.claim_failures += 1
                     # The claim loop must outlive any error: a dead loop
@@ -263,11 +274,17 @@ class Worker:
             await self._sleep_or_wake(poll)
 
     async def _sleep_or_wake(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except TimeoutError:
+            self.metrics.wakeups.labels(source="poll").inc()
+        else:
+            self.metrics.wakeups.labels(source=self._woken_by).inc()
+        self._woken_by = "slot"
 
     def _start(self, claimed: ClaimedRun, sent_at: float) -> None:
         self.claims += 1
+        self.metrics.claims.inc()
         run = claimed.run
         execution = Execution(
             claimed,
@@ -275,8 +292,10 @@ class Worker:
             self.store,
             lease_seconds=self.settings.lease_seconds,
             claim_sent_at=sent_at,
+            metrics=self.metrics,
         )
         self.executions[run.id] = execution
+        self.metrics.running.set(len(self.executions))
         self._tasks[run.id] = asyncio.create_task(
             self._run(execution), name=f"runlane-attempt-{run.id}"
         )
@@ -293,6 +312,7 @@ class Worker:
             if self.executions.get(execution.run_id) is execution:
                 del self.executions[execution.run_id]
                 self._tasks.pop(execution.run_id, None)
+            self.metrics.running.set(len(self.executions))
             self._wake.set()
 
     # -- notices -------------------------------------------------------------
@@ -302,6 +322,7 @@ class Worker:
             agents = self.agents
             if agents is None or not payload or payload in agents:
                 self.wakeups_by_notify += 1
+                self._woken_by = "notify"
                 self._wake.set()
         elif channel in (CANCEL_CHANNEL, STEER_CHANNEL):
             with contextlib.suppress(ValueError):

@@ -161,3 +161,41 @@ async def test_tenant_caps_can_be_set_listed_and_removed(service: RunService) ->
     assert await ops.tenant_caps() == []
     with pytest.raises(InvalidInput):
         await ops.set_tenant_cap("acme", -1)
+
+
+async def test_worker_metrics_are_served(service: RunService, settings: Settings) -> None:
+    import httpx
+
+    from tests.api_support import free_port
+
+    app = App(settings)
+
+    @app.agent("m")
+    async def m(ctx: RunContext) -> Any:
+        if ctx.input.get("fail"):
+            raise ValueError("no")
+        return None
+
+    port = free_port()
+    async with running_worker(app, settings, metrics_port=port) as worker:
+        ok, _ = await service.submit("m", {})
+        bad, _ = await service.submit("m", {"fail": True}, max_attempts=1)
+        await wait_until(lambda: _ended(service, ok.id, bad.id), message="both runs ended")
+
+        async def scraped() -> str | None:
+            async with httpx.AsyncClient() as client:
+                text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            return text if "runlane_queue_dead_runs 1.0" in text else None
+
+        text = await wait_until(scraped, message="metrics with the dead run")
+        assert worker.claims == 2
+    assert 'runlane_worker_attempts_finished_total{outcome="completed"} 1.0' in text
+    assert 'runlane_worker_attempts_finished_total{outcome="retry"} 1.0' in text
+    assert "runlane_worker_claims_total 2.0" in text
+    assert 'runlane_worker_handler_seconds_count{agent="m"} 2.0' in text
+    assert "runlane_worker_wakeups_total" in text
+
+
+async def _ended(service: RunService, *run_ids: Any) -> bool:
+    runs = [await service.get(run_id) for run_id in run_ids]
+    return all(run.status.is_terminal for run in runs)

@@ -1,0 +1,118 @@
+"""Prometheus metrics of a worker process (``runlane worker --metrics-port``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from runlane.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.claims = Counter("runlane_worker_claims", "Runs claimed.", registry=r)
+        self.claim_seconds = Histogram(
+            "runlane_worker_claim_seconds", "Time of one claim statement.", registry=r
+        )
+        self.finished = Counter(
+            "runlane_worker_attempts_finished",
+            "Attempts ended, by outcome (completed, failed, retry, cancelled, ...).",
+            ["outcome"],
+            registry=r,
+        )
+        self.handler_seconds = Histogram(
+            "runlane_worker_handler_seconds",
+            "Handler run time per attempt, by agent.",
+            ["agent"],
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
+            registry=r,
+        )
+        self.renewals = Counter(
+            "runlane_worker_lease_renewals", "Leases renewed by heartbeats.", registry=r
+        )
+        self.leases_lost = Counter(
+            "runlane_worker_leases_lost",
+            "Leases lost (another owner, expiry, or the watchdog gave up).",
+            registry=r,
+        )
+        self.heartbeat_failures = Counter(
+            "runlane_worker_heartbeat_failures", "Heartbeat statements that failed.", registry=r
+        )
+        self.wakeups = Counter(
+            "runlane_worker_wakeups",
+            "Claim loop wake-ups, by what woke it: notify, poll or slot (a run ended).",
+            ["source"],
+            registry=r,
+        )
+        self.running = Gauge("runlane_worker_running", "Runs in flight here.", registry=r)
+        self._queue = QueueGauges()
+        r.register(self._queue)
+        self._refresh: asyncio.Task[None] | None = None
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        """Exposes /metrics on ``port`` (a thread of prometheus_client)."""
+        start_http_server(port, addr=host, registry=self.registry)
+
+    async def start_queue_gauges(self, store: RunStore, interval_seconds: float = 5.0) -> None:
+        """Refreshes the queue gauges in the background: scrapes never query."""
+        self._refresh = asyncio.create_task(self._refresh_loop(store, interval_seconds))
+
+    async def stop(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
+
+    async def _refresh_loop(self, store: RunStore, interval: float) -> None:
+        while True:
+            try:
+                self._queue.rows = [dict(row) for row in await store.queue_gauges()]
+                self._queue.dead = await store.dead_count()
+            except Exception as exc:
+                logger.warning("queue gauges not refreshed: %r", exc)
+            await asyncio.sleep(interval)
+
+
+class QueueGauges(Collector):
+    """Pending and running runs by agent and tenant, oldest pending age,
+    and the dead letter, as last read."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.dead = 0
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        runs = GaugeMetricFamily(
+            "runlane_queue_runs",
+            "Live runs by status, agent and tenant.",
+            labels=["status", "agent", "tenant"],
+        )
+        oldest = GaugeMetricFamily(
+            "runlane_queue_oldest_pending_seconds",
+            "Age of the oldest pending run, by agent.",
+            labels=["agent"],
+        )
+        per_agent: dict[str, float] = {}
+        for row in self.rows:
+            runs.add_metric([row["status"], row["agent"], row["tenant"]], float(row["count"]))
+            age = row.get("oldest_pending_seconds")
+            if age is not None:
+                per_agent[row["agent"]] = max(per_agent.get(row["agent"], 0.0), float(age))
+        for agent, age in per_agent.items():
+            oldest.add_metric([agent], age)
+        dead = GaugeMetricFamily("runlane_queue_dead_runs", "Runs in the dead letter.")
+        dead.add_metric([], float(self.dead))
+        yield runs
+        yield oldest
+        yield dead
