@@ -59,8 +59,8 @@ def create_pool(
         open=False,
         kwargs={"row_factory": dict_row, **CONNECT_OPTIONS},
         configure=_configure,
-        # A connection that broke while idle (e.g. the server restarted) is
-        # found and replaced before it is handed out.
-        check=AsyncConnectionPool.check_connection,
+        # No check on checkout: it would cost a round trip per statement.
+        # A connection broken while idle (a server restart) fails its next
+        # statement, which callers retry, and the pool replaces it.
         connection_class=AsyncConnection[DictRow],
     )

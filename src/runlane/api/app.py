@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlane import __version__
-from runlane.api import lanes_routes, ops_routes, runs_routes
+from runlane.api import admin_routes, lanes_routes, ops_routes, runs_routes
 from runlane.api.context import ApiContext
 from runlane.api.errors import STATUS_BY_CODE, install_error_handlers
 from runlane.api.limits import BodySizeLimit
@@ -81,7 +83,10 @@ def create_app(
     install_error_handlers(app)
     app.include_router(lanes_routes.router)
     app.include_router(runs_routes.router)
+    app.include_router(admin_routes.router)
     app.include_router(ops_routes.router)
+    # The dashboard: static pages shipped in the package, over the /v1 API.
+    app.mount("/ui", StaticFiles(directory=str(files("runlane") / "ui"), html=True), name="ui")
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
