@@ -86,7 +86,9 @@ def create_app(
     app.include_router(admin_routes.router)
     app.include_router(ops_routes.router)
     # The dashboard: static pages shipped in the package, over the /v1 API.
-    app.mount("/ui", StaticFiles(directory=str(files("runlane") / "ui"), html=True), name="ui")
+    ui = files("runlane") / "ui"
+    if ui.is_dir():
+        app.mount("/ui", StaticFiles(directory=str(ui), html=True), name="ui")
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
