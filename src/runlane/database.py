@@ -49,9 +49,15 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
 
 
 def create_pool(
-    url: str, *, min_size: int = 1, max_size: int = 10
+    url: str, *, min_size: int = 1, max_size: int = 10, check: bool = True
 ) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
-    """A connection pool (not yet opened) whose rows are dicts."""
+    """A connection pool (not yet opened) whose rows are dicts.
+
+    With ``check`` each checkout first tests the connection, so that a
+    connection broken while idle (a server restart) is replaced instead of
+    failing a caller's request. The worker turns it off: it retries every
+    transient error itself, and the check would cost a round trip per
+    statement on its hot path."""
     return AsyncConnectionPool(
         url,
         min_size=min_size,
@@ -59,8 +65,6 @@ def create_pool(
         open=False,
         kwargs={"row_factory": dict_row, **CONNECT_OPTIONS},
         configure=_configure,
-        # No check on checkout: it would cost a round trip per statement.
-        # A connection broken while idle (a server restart) fails its next
-        # statement, which callers retry, and the pool replaces it.
+        check=AsyncConnectionPool.check_connection if check else None,
         connection_class=AsyncConnection[DictRow],
     )

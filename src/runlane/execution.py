@@ -27,9 +27,10 @@ from runlane.outcomes import (
     Steered,
 )
 from runlane.redaction import redact
-from runlane.store import RunStore
+from runlane.store import Finish, RunStore
 
 if TYPE_CHECKING:
+    from runlane.completions import CompletionBatcher
     from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ class Execution:
         lease_seconds: float,
         claim_sent_at: float,
         metrics: WorkerMetrics | None = None,
+        completions: CompletionBatcher | None = None,
     ) -> None:
         self._metrics = metrics
+        self._completions = completions
         self.claimed = claimed
         self.run_id = claimed.run.id
         self.lease = LeaseClock(lease_seconds)
@@ -193,7 +196,7 @@ class Execution:
         delay = 0.05
         while not self.context.lease_lost:
             try:
-                self.final = await self._store.finish_attempt(
+                finish = Finish(
                     self.run_id,
                     self.lease_token,
                     outcome,
@@ -202,8 +205,14 @@ class Execution:
                     retry_delay_seconds=retry_delay_seconds,
                     interrupt=interrupt,
                     interrupt_expires_in=interrupt_expires_in,
-                    lane_id=self.claimed.run.lane_id,
                 )
+                lane_id = self.claimed.run.lane_id
+                if lane_id is None and self._completions is not None:
+                    self.final = await self._completions.finish(finish)
+                else:
+                    # A lane's run ends under its lane's lock, on its own.
+                    done = await self._store.finish_attempts([finish], lane_id=lane_id)
+                    self.final = done.get(self.run_id)
             except TRANSIENT_ERRORS as exc:
                 if self.lease.expired():
                     break

@@ -46,6 +46,20 @@ class NewRun:
 
 
 @dataclass(frozen=True, slots=True)
+class Finish:
+    """How one attempt ends (see the finish_attempts query)."""
+
+    run_id: UUID
+    lease_token: UUID
+    outcome: Outcome
+    output: Any = None
+    error: dict[str, Any] | None = None
+    retry_delay_seconds: float | None = None
+    interrupt: Any = None
+    interrupt_expires_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerIdentity:
     """How a worker shows up in runlane.workers."""
 
@@ -356,6 +370,37 @@ class RunStore:
             if len(rows) < params["batch"]:
                 return deleted
 
+    async def finish_attempts(
+        self, finishes: Sequence[Finish], *, lane_id: int | None = None
+    ) -> dict[UUID, Run]:
+        """Fenced end of a batch of attempts in one statement. Returns the
+        runs whose token still held the lease; the others changed nothing.
+        A lane's runs (``lane_id``, one lane per call) end under the lane's
+        lock, and the relay runs in the same transaction."""
+        if not finishes:
+            return {}
+        params = {
+            "run_ids": [f.run_id for f in finishes],
+            "lease_tokens": [f.lease_token for f in finishes],
+            "outcomes": [str(f.outcome) for f in finishes],
+            "outputs": [
+                _json(f.output) if f.outcome is Outcome.COMPLETED else None for f in finishes
+            ],
+            "errors": [_json(f.error) for f in finishes],
+            "retry_delays": [f.retry_delay_seconds for f in finishes],
+            "interrupts": [_json(f.interrupt) for f in finishes],
+            "interrupt_expires": [f.interrupt_expires_in for f in finishes],
+            "notify": self.notify,
+        }
+        if lane_id is None:
+            rows = await self._fetch_all("finish_attempts", params)
+        else:
+            async with self.pool.connection() as conn, conn.transaction():
+                await conn.execute(self._sql["lock_lane"], {"lane_id": lane_id})
+                cur = await conn.execute(self._sql["finish_attempts"], params)
+                rows = await cur.fetchall()
+        return {row["id"]: Run.from_row(row) for row in rows}
+
     async def finish_attempt(
         self,
         run_id: UUID,
@@ -369,28 +414,24 @@ class RunStore:
         interrupt_expires_in: float | None = None,
         lane_id: int | None = None,
     ) -> Run | None:
-        """Fenced end of an attempt; None when the token no longer holds the
-        lease. A lane's run (``lane_id``) ends under its lane's lock, and the
-        relay runs in the same transaction."""
-        params = {
-            "run_id": run_id,
-            "lease_token": lease_token,
-            "outcome": str(outcome),
-            "output": _json(output) if outcome is Outcome.COMPLETED else None,
-            "error": _json(error),
-            "retry_delay_seconds": retry_delay_seconds,
-            "interrupt": _json(interrupt),
-            "interrupt_expires_in": interrupt_expires_in,
-            "notify": self.notify,
-        }
-        if lane_id is None:
-            row = await self._fetch_one("finish_attempt", params)
-        else:
-            async with self.pool.connection() as conn, conn.transaction():
-                await conn.execute(self._sql["lock_lane"], {"lane_id": lane_id})
-                cur = await conn.execute(self._sql["finish_attempt"], params)
-                row = await cur.fetchone()
-        return Run.from_row(row) if row else None
+        """Fenced end of one attempt; None when the token no longer holds
+        the lease."""
+        finished = await self.finish_attempts(
+            [
+                Finish(
+                    run_id,
+                    lease_token,
+                    outcome,
+                    output=output,
+                    error=error,
+                    retry_delay_seconds=retry_delay_seconds,
+                    interrupt=interrupt,
+                    interrupt_expires_in=interrupt_expires_in,
+                )
+            ],
+            lane_id=lane_id,
+        )
+        return finished.get(run_id)
 
     async def append_event(
         self, run_id: UUID, lease_token: UUID, kind: str, data: Any

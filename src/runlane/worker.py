@@ -23,6 +23,7 @@ from typing import Self
 from uuid import UUID
 
 from runlane.app import App
+from runlane.completions import CompletionBatcher
 from runlane.context import TRANSIENT_ERRORS
 from runlane.database import create_pool
 from runlane.execution import Execution, StopReason
@@ -90,8 +91,9 @@ class Worker:
         self._listen = listen
         self.metrics = WorkerMetrics()
         self._metrics_port = metrics_port
-        self._pool = create_pool(url, min_size=2, max_size=concurrency + 3)
+        self._pool = create_pool(url, min_size=2, max_size=concurrency + 3, check=False)
         self.store = RunStore(self._pool, notify=notify)
+        self.completions = CompletionBatcher(self.store)
         self.executions: dict[UUID, Execution] = {}
         self._tasks: dict[UUID, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -293,6 +295,7 @@ class Worker:
             lease_seconds=self.settings.lease_seconds,
             claim_sent_at=sent_at,
             metrics=self.metrics,
+            completions=self.completions,
         )
         self.executions[run.id] = execution
         self.metrics.running.set(len(self.executions))

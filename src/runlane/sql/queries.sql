@@ -106,9 +106,10 @@ SELECT held.run_id AS id, renewed.status, coalesce(renewed.steer_requested, fals
                  AND r.lease_expires_at > now()) AS still_held
 FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 
--- name: finish_attempt
--- Ends the attempt identified by (run_id, lease_token). Fenced: a stale
--- token matches no row and changes nothing.
+-- name: finish_attempts
+-- Ends a batch of attempts, each identified by (run_id, lease_token), in
+-- one statement (a worker batches its completions). Fenced: a stale token
+-- matches no row and changes nothing; only the rows still held come back.
 --   outcome completed -> run completed
 --   outcome failed    -> run failed
 --   outcome cancelled -> run cancelled
@@ -120,55 +121,60 @@ FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 -- cancelled, so a cancel is never lost; with attempts exhausted a retry
 -- ends dead. For a lane's run the caller holds the lane's row lock, and the
 -- runs_relay_lane trigger relays in this same transaction.
-WITH target AS (
-    SELECT id,
+WITH input AS (
+    SELECT * FROM unnest(
+        %(run_ids)s::uuid[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
+        %(outputs)s::jsonb[], %(errors)s::jsonb[], %(retry_delays)s::double precision[],
+        %(interrupts)s::jsonb[], %(interrupt_expires)s::double precision[]
+    ) AS i(run_id, lease_token, outcome, output, error, retry_delay, interrupt, expires_in)
+), target AS (
+    SELECT r.id, input.*,
            CASE
-               WHEN %(outcome)s IN ('retry', 'released', 'steered', 'interrupted')
-                    AND status = 'cancel_requested' THEN 'cancelled'
-               WHEN %(outcome)s = 'steered' THEN 'completed'
-               WHEN %(outcome)s NOT IN ('retry', 'released') THEN %(outcome)s
-               WHEN attempts >= max_attempts THEN 'dead'
+               WHEN input.outcome IN ('retry', 'released', 'steered', 'interrupted')
+                    AND r.status = 'cancel_requested' THEN 'cancelled'
+               WHEN input.outcome = 'steered' THEN 'completed'
+               WHEN input.outcome NOT IN ('retry', 'released') THEN input.outcome
+               WHEN r.attempts >= r.max_attempts THEN 'dead'
                ELSE 'pending'
            END AS next_status
-    FROM runlane.runs
-    WHERE id = %(run_id)s
-      AND lease_token = %(lease_token)s
-      AND status IN ('running', 'cancel_requested')
-    FOR UPDATE
+    FROM runlane.runs AS r JOIN input ON r.id = input.run_id
+    WHERE r.lease_token = input.lease_token
+      AND r.status IN ('running', 'cancel_requested')
+    ORDER BY r.id
+    FOR UPDATE OF r
 ), finished AS (
     UPDATE runlane.runs AS r
     SET status = target.next_status,
         available_at = CASE
             WHEN target.next_status <> 'pending' THEN r.available_at
-            WHEN %(outcome)s = 'retry' THEN now() + make_interval(secs =>
-                least(coalesce(%(retry_delay_seconds)s::double precision,
-                               runlane.backoff_seconds(r.attempts)), 31536000))
+            WHEN target.outcome = 'retry' THEN now() + make_interval(secs =>
+                least(coalesce(target.retry_delay, runlane.backoff_seconds(r.attempts)),
+                      31536000))
             ELSE now()
         END,
-        output = CASE WHEN target.next_status = 'completed' THEN %(output)s::jsonb END,
-        outcome = CASE WHEN target.next_status = 'completed' AND %(outcome)s = 'steered'
+        output = CASE WHEN target.next_status = 'completed' THEN target.output END,
+        outcome = CASE WHEN target.next_status = 'completed' AND target.outcome = 'steered'
                        THEN 'steered' END,
-        interrupt = CASE WHEN target.next_status = 'interrupted' THEN %(interrupt)s::jsonb END,
+        interrupt = CASE WHEN target.next_status = 'interrupted' THEN target.interrupt END,
         interrupt_expires_at = CASE
-            WHEN target.next_status = 'interrupted'
-                 AND %(interrupt_expires_in)s::double precision IS NOT NULL
-                THEN now() + make_interval(secs =>
-                    least(%(interrupt_expires_in)s::double precision, 31536000))
+            WHEN target.next_status = 'interrupted' AND target.expires_in IS NOT NULL
+                THEN now() + make_interval(secs => least(target.expires_in, 31536000))
         END,
         error = CASE WHEN target.next_status IN ('completed', 'interrupted') THEN NULL
-                     ELSE coalesce(%(error)s::jsonb, r.error) END,
+                     ELSE coalesce(target.error, r.error) END,
         finished_at = CASE WHEN target.next_status = 'pending' THEN NULL ELSE now() END,
         lease_token = NULL,
         lease_expires_at = NULL,
         worker_id = NULL
     FROM target
     WHERE r.id = target.id
-    RETURNING r.*
-), attempt_row AS (
+    RETURNING r.*, target.lease_token AS ended_token, target.outcome AS ended_outcome,
+              target.error AS ended_error
+), attempt_rows AS (
     UPDATE runlane.run_attempts AS a
-    SET ended_at = now(), outcome = %(outcome)s, error = %(error)s::jsonb
+    SET ended_at = now(), outcome = finished.ended_outcome, error = finished.ended_error
     FROM finished
-    WHERE a.run_id = finished.id AND a.lease_token = %(lease_token)s
+    WHERE a.run_id = finished.id AND a.lease_token = finished.ended_token
 ), notified AS (
     SELECT pg_notify('runlane_wakeup', agent) FROM finished
     WHERE %(notify)s AND status = 'pending' AND available_at <= now()
