@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from runlane.execution import Handler
 from runlane.settings import Settings
+
+if TYPE_CHECKING:
+    from runlane.langgraph_agent import LangGraphAgent
 
 
 class App:
@@ -33,3 +37,22 @@ class App:
             return handler
 
         return register
+
+    def langgraph(
+        self, name: str, build_graph: Callable[[Any], Any], **options: Any
+    ) -> LangGraphAgent:
+        """Registers agent ``name`` that runs a LangGraph graph:
+        ``build_graph(checkpointer)`` returns it compiled with that
+        checkpointer. Needs ``pip install runlane[langgraph]``; the options
+        are :class:`~runlane.langgraph_agent.LangGraphAgent`'s."""
+        try:
+            from runlane.langgraph_agent import LangGraphAgent
+        except ImportError as exc:
+            raise ImportError(
+                f"app.langgraph() needs LangGraph: pip install 'runlane[langgraph]' ({exc})"
+            ) from exc
+
+        options.setdefault("settings", lambda: self.settings)
+        handler = LangGraphAgent(build_graph, **options)
+        self.agent(name)(handler)
+        return handler

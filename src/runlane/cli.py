@@ -9,24 +9,25 @@ migrations. Errors print one line on stderr and exit non-zero.
 from __future__ import annotations
 
 import asyncio
-import enum
-import importlib
 import logging
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.logging import RichHandler
 from rich.text import Text
 
-from runlane.app import App
+from runlane.cli_api import DEFAULT_HOST, DEFAULT_PORT, keys_app
+from runlane.cli_api import serve as serve_command
 from runlane.cli_lanes import lanes_app, requests_app, submit_to_thread, tenant_of
 from runlane.cli_runs import (
     CliError,
+    LogLevel,
+    configure_logging,
     console,
     err_console,
     follow_run,
+    load_app,
     load_settings,
     parse_json_option,
     print_json_line,
@@ -55,13 +56,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(lanes_app, name="lanes")
 app.add_typer(requests_app, name="requests")
 app.add_typer(db_app, name="db")
-
-
-class LogLevel(enum.StrEnum):
-    DEBUG = "DEBUG"
-    INFO = "INFO"
-    WARNING = "WARNING"
-    ERROR = "ERROR"
+app.add_typer(keys_app, name="keys")
 
 
 # -- migrate ------------------------------------------------------------------
@@ -94,8 +89,8 @@ def worker(
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Serve an App's agents until SIGTERM or SIGINT."""
-    _configure_logging(log_level)
-    runlane_app = _load_app(target)
+    configure_logging(log_level)
+    runlane_app = load_app(target)
     serve: list[str] | None = None
     if agents is not None:
         serve = [name.strip() for name in agents.split(",") if name.strip()]
@@ -109,35 +104,9 @@ def worker(
     asyncio.run(runner.run_until_signalled())
 
 
-def _configure_logging(level: LogLevel) -> None:
-    handler: logging.Handler
-    if err_console.is_terminal:
-        handler = RichHandler(console=err_console, show_path=False)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level.value, handlers=[handler], force=True)
+# -- serve --------------------------------------------------------------------
 
-
-def _load_app(target: str) -> App:
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise CliError(f"expected MODULE:APP (e.g. examples.app:app), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CliError(f"cannot import {module_name!r}: {exc}") from None
-    for part in attribute.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(found, App):
-        raise CliError(f"{target} is a {type(found).__name__}, not a runlane.App")
-    return found
+app.command("serve")(serve_command)  # runlane.cli_api, like `runlane keys ...`
 
 
 # -- submit -------------------------------------------------------------------
@@ -306,12 +275,21 @@ def _refuse_external(database_url: str | None) -> None:
 
 @app.command()
 def demo(
-    once: Annotated[bool, typer.Option("--once", help="Exit 0 when the script is done.")] = False,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Exit when the script is done: 0 if all ended as scripted."),
+    ] = False,
+    host: Annotated[str, typer.Option(help="The HTTP API's address.")] = DEFAULT_HOST,
+    port: Annotated[
+        int,
+        typer.Option(min=0, max=65535, help="The HTTP API's port (a free one if it is taken)."),
+    ] = DEFAULT_PORT,
 ) -> None:
-    """Run the built-in demo: a worker, a few runs, live progress."""
+    """Run the built-in demo: a worker, the HTTP API with a demo key, a few
+    runs and live progress."""
     from runlane.demo import run_demo
 
-    code = run_demo(load_settings(), once=once)
+    code = run_demo(load_settings(), once=once, host=host, port=port)
     if code:
         raise typer.Exit(code)
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
+import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -21,11 +24,14 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 from rich import box
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
+from runlane.app import App
 from runlane.database import create_pool, resolve_database_url
 from runlane.errors import LaneRefused, RunlaneError
+from runlane.keys import KeyStore
 from runlane.lane_service import LaneService
 from runlane.lane_store import LaneStore
 from runlane.lanes import Request
@@ -107,6 +113,52 @@ def with_lane_service(work: Callable[[LaneService], Awaitable[T]]) -> T:
             LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
         )
     )
+
+
+def with_key_store(work: Callable[[KeyStore], Awaitable[T]]) -> T:
+    """Runs ``work`` with the API key store."""
+    return _with_pool(lambda pool, _settings: work(KeyStore(pool)))
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+def configure_logging(level: LogLevel) -> None:
+    """Log lines on stderr: rich on a terminal, plain with timestamps otherwise."""
+    handler: logging.Handler
+    if err_console.is_terminal:
+        handler = RichHandler(console=err_console, show_path=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.value, handlers=[handler], force=True)
+
+
+def load_app(target: str) -> App:
+    """The :class:`runlane.App` named by ``MODULE:APP`` (importable from the
+    current directory)."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise CliError(f"expected MODULE:APP (e.g. examples.app:app), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import {module_name!r}: {exc}") from None
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, App):
+        raise CliError(f"{target} is a {type(found).__name__}, not a runlane.App")
+    return found
 
 
 def report_error(exc: Exception) -> int:

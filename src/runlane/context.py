@@ -66,7 +66,11 @@ class RunContext:
         self.run_id: UUID = run.id
         self.agent = run.agent
         self.tenant = run.tenant
+        self.user_id = run.user_id
         self.thread_id = run.thread_id
+        # The database the worker runs on (set by the worker): integrations
+        # that keep state of their own (LangGraph's checkpointer) use it.
+        self.database_url: str | None = None
         self.input: Any = run.input
         self.attempt: int = run.attempts
         self.max_attempts: int = run.max_attempts

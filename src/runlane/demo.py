@@ -13,10 +13,12 @@ resumes after the last saved turn. On the attempt numbered
 ``RuntimeError`` (retried with the default backoff, about 5 s after the
 first attempt).
 
-:func:`run_demo` starts a worker in this process, submits a few runs (a
+:func:`run_demo` starts a worker and the HTTP API in this process, creates
+a demo API key and prints curl commands to try it, submits a few runs (a
 normal one, a longer one, one cancelled while it streams, one that fails
-once and is retried) and shows them live in the terminal (a line per change
-when the output is not a terminal).
+once and is retried, and a request submitted over HTTP with the demo key)
+and shows them live in the terminal (a line per change when the output is
+not a terminal).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from rich import box
@@ -42,7 +44,16 @@ from rich.table import Table
 from rich.text import Text
 
 import runlane
+from runlane.cli_api import DEFAULT_HOST, DEFAULT_PORT
+from runlane.cli_runs import CliError
 from runlane.database import resolve_database_url
+from runlane.demo_api import (
+    DemoApi,
+    check_run_over_http,
+    print_instructions,
+    start_api,
+    submit_over_http,
+)
 from runlane.errors import RunlaneError
 from runlane.models import Run, RunStatus
 from runlane.service import RunService
@@ -224,6 +235,16 @@ SCRIPT = (
 )
 
 
+# The script's request submitted over HTTP with the demo key, into a thread
+# of its own (so its lane is idle and it is dispatched at once).
+API_SCRIPT = Script(
+    "api",
+    {"text": "Hello over HTTP: a request submitted with the demo API key.", "turns": 2},
+    RunStatus.COMPLETED,
+    expected_attempts=1,
+)
+
+
 @dataclass
 class DemoView:
     """What the demo shows, and its verdict."""
@@ -370,12 +391,24 @@ def _signals(stop: asyncio.Event) -> Iterator[None]:
 
 
 async def _demo(
-    url: str, settings: Settings, *, once: bool, timeout_seconds: float, console: Console
+    url: str,
+    settings: Settings,
+    *,
+    once: bool,
+    timeout_seconds: float,
+    console: Console,
+    host: str,
+    port: int,
 ) -> int:
     worker = Worker(app, url, concurrency=4, settings=settings, agents=list(app.agents))
     stop = asyncio.Event()
     await worker.start()
+    api: DemoApi | None = None
     try:
+        api = await start_api(
+            url, settings, worker.store.pool, frozenset(app.agents), host=host, port=port
+        )
+        print_instructions(console, api)
         with _signals(stop):
             service = RunService(worker.store, settings)
             view = DemoView(console)
@@ -387,19 +420,21 @@ async def _demo(
                     max_attempts=max(settings.max_attempts, 2),
                     metadata={"demo": script.label},
                 )
-                view.tracked[run.id] = Tracked(
-                    label=script.label,
-                    run=run,
-                    expected=script.expected,
-                    expected_attempts=script.expected_attempts,
-                    cancel_after_tokens=script.cancel_after_tokens,
-                )
+                _track(view, script, run)
+            api_run_id = await submit_over_http(
+                api,
+                thread=f"demo-{uuid4().hex[:8]}",
+                input=API_SCRIPT.input,
+                metadata={"demo": API_SCRIPT.label},
+            )
+            _track(view, API_SCRIPT, await service.get(api_run_id))
             console.print(
                 f"worker {worker.worker_id} serving agent {AGENT!r}; "
-                f"submitted {len(view.tracked)} runs"
+                f"submitted {len(view.tracked)} runs ({API_SCRIPT.label!r} over HTTP)",
+                soft_wrap=True,
             )
             live_output = console.is_terminal
-            return await _watch(
+            code = await _watch(
                 view,
                 service,
                 stop,
@@ -408,9 +443,33 @@ async def _demo(
                 console=console,
                 live_output=live_output,
             )
+            if code == 0 and once:
+                problem = await check_run_over_http(api, api_run_id)
+                if problem:
+                    _error(console, problem)
+                    return 1
+                console.print(
+                    "[green]HTTP API check passed: /healthz, a request submitted with the demo"
+                    " key, and its run's event stream replayed to the end[/green]",
+                    soft_wrap=True,
+                )
+            return code
     finally:
+        if api is not None:
+            console.print("stopping the HTTP API (the demo key is revoked)...")
+            await api.stop()
         console.print("stopping the worker...")
         await worker.stop()
+
+
+def _track(view: DemoView, script: Script, run: Run) -> None:
+    view.tracked[run.id] = Tracked(
+        label=script.label,
+        run=run,
+        expected=script.expected,
+        expected_attempts=script.expected_attempts,
+        cancel_after_tokens=script.cancel_after_tokens,
+    )
 
 
 async def _watch(
@@ -445,10 +504,12 @@ async def _watch(
                     # From now on, show runs submitted from elsewhere too.
                     view.since = min(i.run.created_at for i in view.tracked.values())
                     console.print(
-                        "scripted runs done; the worker keeps serving agent 'demo'. Try: "
+                        "scripted runs done; the worker and the HTTP API keep serving agent"
+                        " 'demo'. Try the curl commands above, or: "
                         'runlane submit demo --input \'{"text": "hi there"}\' --wait  '
                         "(Ctrl-C stops)",
                         soft_wrap=True,
+                        markup=False,
                     )
             elif once and time.monotonic() - started > timeout_seconds:
                 _final_table(console, view, live)
@@ -508,22 +569,42 @@ def run_demo(
     once: bool,
     timeout_seconds: float = 60.0,
     console: Console | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
 ) -> int:
     """Runs the demo; returns a process exit code.
 
-    With ``once`` it returns 0 when every scripted run ended as expected,
-    1 when one ended otherwise or ``timeout_seconds`` passed. Without it the
-    worker keeps serving (and showing) runs until Ctrl-C or SIGTERM.
+    The HTTP API listens on ``host:port``, or on a free port if that one is
+    taken. With ``once`` it returns 0 when every scripted run ended as
+    expected (the one submitted over HTTP included) and the API served that
+    run's event stream; 1 when a run ended otherwise, ``timeout_seconds``
+    passed or the API misbehaved. Without it the worker and the API keep
+    serving (and showing) runs until Ctrl-C or SIGTERM.
     """
     console = console or Console()
     try:
-        return _run_demo(settings, once=once, timeout_seconds=timeout_seconds, console=console)
+        return _run_demo(
+            settings,
+            once=once,
+            timeout_seconds=timeout_seconds,
+            console=console,
+            host=host,
+            port=port,
+        )
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
 
 
-def _run_demo(settings: Settings, *, once: bool, timeout_seconds: float, console: Console) -> int:
+def _run_demo(
+    settings: Settings,
+    *,
+    once: bool,
+    timeout_seconds: float,
+    console: Console,
+    host: str,
+    port: int,
+) -> int:
     if not settings.database_url:
         console.print(
             f"starting the embedded PostgreSQL in {settings.data_dir / 'pgdata'} "
@@ -540,10 +621,21 @@ def _run_demo(settings: Settings, *, once: bool, timeout_seconds: float, console
     console.print(f"runlane demo on {where}", soft_wrap=True, markup=False)
     try:
         code = asyncio.run(
-            _demo(url, settings, once=once, timeout_seconds=timeout_seconds, console=console)
+            _demo(
+                url,
+                settings,
+                once=once,
+                timeout_seconds=timeout_seconds,
+                console=console,
+                host=host,
+                port=port,
+            )
         )
     except (RunlaneError, psycopg.Error) as exc:
         _error(console, str(exc))
+        return 1
+    except CliError as exc:
+        _error(console, exc.message)
         return 1
     if not settings.database_url:
         console.print("the embedded server keeps running; `runlane db stop` stops it")
@@ -562,8 +654,17 @@ def main(argv: list[str] | None = None) -> int:
         "--once", action="store_true", help="exit when the scripted runs have ended"
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds, with --once")
+    parser.add_argument("--host", default=DEFAULT_HOST, help="the HTTP API's address")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="the HTTP API's port (a free one if it is taken)",
+    )
     args = parser.parse_args(argv)
-    return run_demo(Settings(), once=args.once, timeout_seconds=args.timeout)
+    return run_demo(
+        Settings(), once=args.once, timeout_seconds=args.timeout, host=args.host, port=args.port
+    )
 
 
 if __name__ == "__main__":

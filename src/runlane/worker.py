@@ -297,6 +297,7 @@ class Worker:
             metrics=self.metrics,
             completions=self.completions,
         )
+        execution.context.database_url = self.url
         self.executions[run.id] = execution
         self.metrics.running.set(len(self.executions))
         self._tasks[run.id] = asyncio.create_task(
