@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -94,8 +95,29 @@ def cmd_demo(args: list[str]) -> int:
     return exec_([str(BIN / "runlane"), "demo", *args])
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def ensure_chromium() -> None:
+    """The browser tests drive Debian's Chromium (never a downloaded one):
+    install it with apt when this machine allows."""
+    if CHROMIUM.exists():
+        return
+    apt = shutil.which("apt-get")
+    if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        log("no /usr/bin/chromium and no root apt-get: the browser tests will be skipped")
+        return
+    log("installing Debian's chromium for the browser tests")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([apt, "update"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [apt, "install", "-y", "chromium"], check=True, env=env, stdout=subprocess.DEVNULL
+    )
+
+
 def cmd_test(args: list[str]) -> int:
     ensure_installed("dev")
+    ensure_chromium()
     return exec_([str(PYTHON), "-m", "pytest", *args])
 
 
