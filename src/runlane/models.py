@@ -93,6 +93,9 @@ class Run:
     interrupt: Any
     interrupt_expires_at: datetime | None
     steer_requested_at: datetime | None
+    # The client's request_id of the lane request the run came from (only
+    # where the read joined it).
+    client_request_id: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -134,6 +137,7 @@ class Run:
             interrupt=row["interrupt"],
             interrupt_expires_at=row["interrupt_expires_at"],
             steer_requested_at=row["steer_requested_at"],
+            client_request_id=row.get("client_request_id"),
         )
 
 

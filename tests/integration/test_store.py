@@ -474,3 +474,11 @@ async def test_listing_pages_with_a_cursor(service: RunService) -> None:
     assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
     dead = await service.list_runs(statuses=[RunStatus.DEAD])
     assert dead == []
+
+
+async def test_idempotency_keys_belong_to_their_user(service: RunService) -> None:
+    alice, _ = await service.submit("a", {"q": 1}, idempotency_key="k", user_id="alice")
+    bob, created = await service.submit("a", {"q": 1}, idempotency_key="k", user_id="bob")
+    again, created_again = await service.submit("a", {"q": 2}, idempotency_key="k", user_id="alice")
+    assert created and bob.id != alice.id and bob.user_id == "bob"
+    assert not created_again and again.id == alice.id

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runlane.errors import RunlaneError
@@ -55,6 +57,14 @@ def install_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
             parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
         return error_response("validation_error", "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(psycopg.OperationalError)
+    async def database_error(_: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        return error_response("database_unavailable", "the database is unavailable; retry")
+
+    @app.exception_handler(PoolTimeout)
+    async def pool_timeout(_: Request, exc: PoolTimeout) -> JSONResponse:
+        return error_response("database_unavailable", "no database connection free; retry")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -177,8 +177,11 @@ class RunOut(BaseModel):
     outcome: str | None = Field(description="'steered' when a steer ended it early.")
     kind: str
     thread_id: str | None
-    request_id: str | None = None
+    request_id: str | None = Field(
+        default=None, description="The request_id of the thread request it runs."
+    )
     resumed_from: UUID | None
+    resume_value: Any = Field(default=None, description="The answer a resume run carries.")
     input: Any
     output: Any
     error: dict[str, Any] | None
@@ -206,6 +209,8 @@ class RunOut(BaseModel):
             kind=run.kind,
             thread_id=run.thread_id,
             resumed_from=run.resumed_from,
+            request_id=run.client_request_id,
+            resume_value=run.resume_value,
             input=run.input,
             output=run.output,
             error=run.error,

@@ -10,7 +10,8 @@ WITH inserted AS (
     VALUES (%(tenant)s, %(user_id)s, %(agent)s, %(input)s, %(priority)s,
             now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
             %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s)
-    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT (tenant, user_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+    DO NOTHING
     RETURNING *
 ), notified AS (
     SELECT pg_notify('runlane_wakeup', agent) FROM inserted
@@ -20,14 +21,19 @@ SELECT inserted.*, true AS created, (SELECT count(*) FROM notified) AS notified 
 UNION ALL
 SELECT runs.*, false AS created, 0 AS notified FROM runlane.runs
 WHERE NOT EXISTS (SELECT 1 FROM inserted)
-  AND tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s;
+  AND tenant = %(tenant)s AND user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s;
 
 -- name: get_run
-SELECT * FROM runlane.runs WHERE id = %(run_id)s;
+-- With the client's request_id when the run came from a lane's request.
+SELECT r.*, q.request_id AS client_request_id
+FROM runlane.runs AS r LEFT JOIN runlane.requests AS q ON q.id = r.request_id
+WHERE r.id = %(run_id)s;
 
 -- name: list_runs
 -- Newest first; the cursor is the (created_at, id) of the last row seen.
-SELECT * FROM runlane.runs
+SELECT runs.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = runs.request_id)
+           AS client_request_id
+FROM runlane.runs
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
   AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
