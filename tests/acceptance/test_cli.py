@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -359,8 +361,12 @@ def test_db_url_prints_the_configured_url(cli: Cli) -> None:
     assert cli.ok("db", "url").strip() == cli.db_url
 
 
-def test_db_start_url_stop_manage_the_embedded_server(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
+def test_db_start_url_stop_manage_the_embedded_server() -> None:
+    # Not under pytest's tmp_path (mode 0700, and reset by any other pytest
+    # session): as root the server runs as another user who must reach it.
+    base = Path(tempfile.mkdtemp(prefix="runlane-cli-db-"))
+    base.chmod(0o755)
+    data_dir = base / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLANE_")}
     env["RUNLANE_DATA_DIR"] = str(data_dir)
 
@@ -382,3 +388,4 @@ def test_db_start_url_stop_manage_the_embedded_server(tmp_path: Path) -> None:
         assert run("db", "stop") == "embedded PostgreSQL was not running"
     finally:
         EmbeddedPostgres(data_dir / "pgdata").stop(mode="immediate")
+        shutil.rmtree(base, ignore_errors=True)
