@@ -213,7 +213,10 @@ class RunContext:
         found, recorded = await self._fenced(lambda: self._store.get_effect(self.run_id, key))
         if found:
             return recorded  # type: ignore[no-any-return]
-        await self.safe_point()
+        # Not a safe point (a tool call may be half way through its turn):
+        # only a lost lease stops it here, as its result could not be kept.
+        if self._lease_lost:
+            raise LeaseLost(f"run {self.run_id}: lease lost")
         value = effect()
         result = await value if inspect.isawaitable(value) else value
         owned, recorded = await self._fenced(

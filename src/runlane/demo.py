@@ -1,17 +1,19 @@
 """The built-in demo: a scripted streaming "model" and a live view of its runs.
 
-``app`` serves one agent, ``demo``, a fake model driven by its input::
+``app`` serves one agent, ``demo`` (:func:`runlane.demo_agent.demo_agent`):
+a fake streaming chat model driven by its input. The simplest input::
 
     {"text": str, "turns": int = 3, "token_delay": float = 0.05,
      "fail_on_attempt": int | None = None, "retry_delay": float | None = None}
 
 Each turn it stops at a safe point, streams ``text`` word by word as
-``token`` events and saves the checkpoint ``{"turn": n}``; a later attempt
-resumes after the last saved turn. On the attempt numbered
+``token`` events and saves the checkpoint ``{"turn": n, ...}``; a later
+attempt resumes after the last saved turn. On the attempt numbered
 ``fail_on_attempt`` it fails after one turn: with ``retry_delay`` it raises
 :class:`runlane.Retry` (retried after that many seconds), without it a
 ``RuntimeError`` (retried with the default backoff, about 5 s after the
-first attempt).
+first attempt). Tools, approval through an interrupt and failures at a
+given turn: see :mod:`runlane.demo_agent`.
 
 :func:`run_demo` starts a worker and the HTTP API in this process, creates
 a demo API key and prints curl commands to try it, submits a few runs (a
@@ -47,6 +49,7 @@ import runlane
 from runlane.cli_api import DEFAULT_HOST, DEFAULT_PORT
 from runlane.cli_runs import CliError
 from runlane.database import resolve_database_url
+from runlane.demo_agent import AGENT, demo_agent
 from runlane.demo_api import (
     DemoApi,
     check_run_over_http,
@@ -60,94 +63,8 @@ from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.worker import Worker
 
-AGENT = "demo"
-DEFAULT_TEXT = "Hello from runlane! This answer is streamed word by word."
-
 app = runlane.App()
-
-
-# -- the agent ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DemoInput:
-    text: str
-    turns: int = 3
-    token_delay: float = 0.05
-    fail_on_attempt: int | None = None
-    retry_delay: float | None = None
-
-    @classmethod
-    def parse(cls, raw: Any) -> DemoInput:
-        """Validates the run's input; a bad one fails the run for good."""
-        if not isinstance(raw, dict):
-            raise runlane.Fail("invalid_input", "the demo agent's input must be a JSON object")
-        text = raw.get("text", DEFAULT_TEXT)
-        turns = raw.get("turns", 3)
-        delay = raw.get("token_delay", 0.05)
-        fail_on = raw.get("fail_on_attempt")
-        retry_delay = raw.get("retry_delay")
-        if not isinstance(text, str) or not text.split():
-            raise runlane.Fail("invalid_input", "text must be a non-empty string")
-        if not _is_int(turns) or not 1 <= turns <= 1000:
-            raise runlane.Fail("invalid_input", "turns must be an integer from 1 to 1000")
-        if not _is_number(delay) or not 0 <= delay <= 10:
-            raise runlane.Fail("invalid_input", "token_delay must be 0-10 seconds")
-        if fail_on is not None and (not _is_int(fail_on) or fail_on < 1):
-            raise runlane.Fail("invalid_input", "fail_on_attempt must be an integer >= 1 or null")
-        if retry_delay is not None and (not _is_number(retry_delay) or retry_delay < 0):
-            raise runlane.Fail("invalid_input", "retry_delay must be a number >= 0 or null")
-        return cls(
-            text=text,
-            turns=turns,
-            token_delay=float(delay),
-            fail_on_attempt=fail_on,
-            retry_delay=None if retry_delay is None else float(retry_delay),
-        )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@app.agent(AGENT)
-async def demo_agent(ctx: runlane.RunContext) -> dict[str, Any]:
-    spec = DemoInput.parse(ctx.input)
-    checkpoint = ctx.checkpoint if isinstance(ctx.checkpoint, dict) else {}
-    done = checkpoint.get("turn", 0)
-    resumed_from = done if _is_int(done) else 0
-    failing = spec.fail_on_attempt == ctx.attempt
-    words = spec.text.split()
-    for turn in range(resumed_from + 1, spec.turns + 1):
-        await ctx.safe_point()
-        if failing and turn > resumed_from + 1:
-            _scripted_failure(ctx, spec)
-        for index, word in enumerate(words):
-            # A safe point per token: a cancel stops the stream mid-turn.
-            await ctx.safe_point()
-            token = word if index == 0 and turn == 1 else " " + word
-            await ctx.emit("token", {"text": token, "turn": turn})
-            await asyncio.sleep(spec.token_delay)
-        await ctx.save_checkpoint({"turn": turn})
-    if failing:
-        _scripted_failure(ctx, spec)
-    return {
-        "answer": spec.text,
-        "turns": spec.turns,
-        "attempt": ctx.attempt,
-        "resumed_from_turn": resumed_from,
-    }
-
-
-def _scripted_failure(ctx: runlane.RunContext, spec: DemoInput) -> None:
-    message = f"scripted failure on attempt {ctx.attempt}"
-    if spec.retry_delay is not None:
-        raise runlane.Retry(message, delay=spec.retry_delay)
-    raise RuntimeError(message)
+app.agent(AGENT)(demo_agent)
 
 
 # -- the script ---------------------------------------------------------------

@@ -92,18 +92,14 @@ class LaneStore:
         return Request.from_row(row)
 
     async def _ask_active_to_yield(self, conn: Conn, facts_row: DictRow) -> None:
-        """A steer waits: the running run yields at its next safe point; a run
-        that has not started yet is superseded at once (and the relay
-        dispatches the steer)."""
-        run_id = facts_row["active_run_id"]
+        """A steer waits: the active run yields at its next safe point (a run
+        not started yet, at its first). A tool call in progress is never
+        stopped by a steer."""
         if facts_row["active_run_kind"] == "resume":
             # A resume carries a human's answer: the steer waits its turn
             # rather than throw the answer away.
             return
-        if facts_row["active_run_status"] == RunStatus.PENDING:
-            await conn.execute(self._sql["steer_pending_run"], {"run_id": run_id})
-        else:
-            await conn.execute(self._sql["request_steer"], {"run_id": run_id})
+        await conn.execute(self._sql["request_steer"], {"run_id": facts_row["active_run_id"]})
 
     # -- intake ---------------------------------------------------------------
 

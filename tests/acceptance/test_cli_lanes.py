@@ -123,16 +123,14 @@ def test_submit_into_a_thread_dispatches_then_queues_in_order(
     assert cli.ok("requests", "cancel", "r2").strip() == "request r2 cancelled"
     assert request(cli, "r3")["position"] == 1
     assert request(cli, "r4")["position"] == 2
-    # A steer supersedes a run that has not started: it ends completed
-    # (outcome steered) and the steer is dispatched at once, ahead of r3.
+    # Promoted to steer, it goes first; the run not started yet is asked to
+    # yield and will do so at its first safe point.
     steered = json.loads(cli.ok("requests", "steer", "r4", "--json"))
-    assert (steered["status"], steered["steer"]) == ("dispatched", True)
+    assert (steered["status"], steered["steer"], steered["position"]) == ("queued", True, 1)
     assert steered["policy"] == "enqueue"  # the original submission's policy
-    superseded = cli.show(first["run_id"])["run"]
-    assert (superseded["status"], superseded["outcome"]) == ("completed", "steered")
     shown = lane(cli, "t1")
-    assert shown["run_id"] == steered["run_id"]
-    assert [(r["request_id"], r["position"]) for r in shown["queued"]] == [("r3", 1)]
+    assert shown["run_id"] == first["run_id"]
+    assert [(r["request_id"], r["position"]) for r in shown["queued"]] == [("r4", 1), ("r3", 2)]
     # Cancelling again is harmless; a dispatched request names its run instead.
     assert json.loads(cli.ok("requests", "cancel", "r2", "--json"))["status"] == "cancelled"
     line = cli.error("requests", "cancel", "r1")

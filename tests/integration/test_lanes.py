@@ -168,15 +168,22 @@ async def test_steer_goes_first_and_the_running_run_yields(
     assert await queued_texts(lanes, "t1") == [("two", 1)]
 
 
-async def test_steer_supersedes_a_run_that_has_not_started(
-    lanes: LaneService, service: RunService
+async def test_a_run_not_started_yet_yields_to_a_steer_at_its_first_safe_point(
+    lanes: LaneService, store: RunStore, service: RunService
 ) -> None:
     first = await submit(lanes, "t1", "one")
     steer = await submit(lanes, "t1", "instead", policy="steer")
-    assert steer.status is RequestStatus.DISPATCHED
+    assert (steer.status, steer.position) == (RequestStatus.QUEUED, 1)
     assert first.run_id is not None
-    superseded = await service.get(first.run_id)
-    assert (superseded.status, superseded.outcome) == (RunStatus.COMPLETED, "steered")
+    asked = await service.get(first.run_id)
+    assert asked.status is RunStatus.PENDING and asked.steer_requested_at is not None
+    # The worker that claims it learns of the steer at once.
+    claimed = await claim(store, first.run_id)
+    held = await store.renew_leases([(first.run_id, claimed.lease_token)], lease_seconds=30)
+    assert held[first.run_id].steer_requested
+    await finish(store, claimed, Outcome.STEERED)
+    dispatched = await lanes.get_request(tenant=TENANT, request_id=steer.request_id)
+    assert dispatched.status is RequestStatus.DISPATCHED
 
 
 async def test_a_second_queued_steer_is_refused_and_stores_nothing(

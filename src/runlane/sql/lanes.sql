@@ -56,22 +56,14 @@ RETURNING id;
 SELECT runlane.dispatch_head(%(lane_id)s) AS run_id;
 
 -- name: request_steer
--- Asks the lane's running run to yield at its next safe point.
+-- Asks the lane's active run to yield at its next safe point (a pending run
+-- yields at its first, once a worker claims it).
 WITH asked AS (
     UPDATE runlane.runs SET steer_requested_at = coalesce(steer_requested_at, now())
-    WHERE id = %(run_id)s AND status IN ('running', 'cancel_requested')
+    WHERE id = %(run_id)s AND status IN ('pending', 'running', 'cancel_requested')
     RETURNING id
 )
 SELECT pg_notify('runlane_steer', id::text) FROM asked;
-
--- name: steer_pending_run
--- A steer supersedes a run that has not started (or waits for a retry):
--- it ends completed with outcome steered, and the relay trigger
--- dispatches the steer in this same transaction.
-UPDATE runlane.runs
-SET status = 'completed', outcome = 'steered', finished_at = now(),
-    steer_requested_at = coalesce(steer_requested_at, now())
-WHERE id = %(run_id)s AND status = 'pending';
 
 -- name: request_with_position
 -- A request with its live position (1 = next) while queued: a steer goes
