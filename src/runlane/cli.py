@@ -1,5 +1,6 @@
-"""The ``runlane`` command line: a thin adapter over :class:`RunService`
-and :class:`LaneService` (``runlane.cli_runs``, ``runlane.cli_lanes``).
+"""The ``runlane`` command line: a thin adapter over :class:`RunService`,
+:class:`LaneService` and :class:`Operations` (``runlane.cli_runs``,
+``runlane.cli_lanes``, ``runlane.cli_ops``).
 
 Every command that needs the database resolves it on start-up (the embedded
 server when ``RUNLANE_DATABASE_URL`` is unset) and applies pending
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 from typing import Annotated
 
@@ -20,6 +22,7 @@ from rich.text import Text
 from runlane.cli_api import DEFAULT_HOST, DEFAULT_PORT, keys_app
 from runlane.cli_api import serve as serve_command
 from runlane.cli_lanes import lanes_app, requests_app, submit_to_thread, tenant_of
+from runlane.cli_ops import prune, status, tenants_app, workers
 from runlane.cli_runs import (
     CliError,
     LogLevel,
@@ -57,6 +60,11 @@ app.add_typer(lanes_app, name="lanes")
 app.add_typer(requests_app, name="requests")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
+# The operator's views and levers (runlane.cli_ops).
+app.command("status")(status)
+app.command("workers")(workers)
+app.command("prune")(prune)
 
 
 # -- migrate ------------------------------------------------------------------
@@ -86,10 +94,20 @@ def worker(
     agents: Annotated[
         str | None, typer.Option(help="Comma-separated agents to serve (default: all).")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Serve Prometheus metrics on this port (http://0.0.0.0:PORT/metrics).",
+        ),
+    ] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Serve an App's agents until SIGTERM or SIGINT."""
     configure_logging(log_level)
+    if metrics_port is not None:
+        _check_port_free(metrics_port)
     runlane_app = load_app(target)
     serve: list[str] | None = None
     if agents is not None:
@@ -99,9 +117,29 @@ def worker(
             raise CliError(f"--agents names agents the app does not have: {unknown or agents!r}")
     settings = runlane_app.settings
     url = resolve_database_url(settings)
-    runner = Worker(runlane_app, url, concurrency=concurrency, settings=settings, agents=serve)
+    runner = Worker(
+        runlane_app,
+        url,
+        concurrency=concurrency,
+        settings=settings,
+        agents=serve,
+        metrics_port=metrics_port,
+    )
     logger.info("serving agents: %s", ", ".join(serve or sorted(runlane_app.agents)) or "(none)")
+    if metrics_port is not None:
+        logger.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
     asyncio.run(runner.run_until_signalled())
+
+
+def _check_port_free(port: int) -> None:
+    """Fails early, as one line, when the metrics port is taken (the worker
+    binds it like this, with SO_REUSEADDR, on all addresses)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise CliError(f"--metrics-port {port}: {exc.strerror or exc}") from None
 
 
 # -- serve --------------------------------------------------------------------

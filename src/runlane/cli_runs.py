@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
@@ -36,6 +37,7 @@ from runlane.lane_service import LaneService
 from runlane.lane_store import LaneStore
 from runlane.lanes import Request
 from runlane.models import Attempt, Event, Run, RunStatus
+from runlane.operations import MAX_BULK, Operations
 from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.store import RunStore
@@ -62,6 +64,8 @@ STATUS_STYLES = {
     RunStatus.CANCELLED: "yellow",
     RunStatus.INTERRUPTED: "magenta",
 }
+# `runs retry --status ...`: runs re-queued per call unless --limit says.
+DEFAULT_BULK_LIMIT = 1000
 # `submit --wait` exit codes by how the run ended; anything else is 1.
 EXIT_CODES = {RunStatus.COMPLETED: 0, RunStatus.INTERRUPTED: 3}
 
@@ -198,6 +202,8 @@ def report_error(exc: Exception) -> int:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, UUID):
@@ -295,11 +301,16 @@ def list_runs(
         list[RunStatus] | None, typer.Option("--status", "-s", help="Repeat for several.")
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only this agent's runs.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="Only this tenant's runs (default: every tenant).")
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 20,
     as_json: JsonFlag = False,
 ) -> None:
-    """List runs, newest first."""
-    runs = with_service(lambda s: s.list_runs(statuses=status or None, agent=agent, limit=limit))
+    """List runs, newest first (e.g. the dead letter: --status dead)."""
+    runs = with_service(
+        lambda s: s.list_runs(statuses=status or None, agent=agent, tenant=tenant, limit=limit)
+    )
     if as_json:
         print_json([record(run) for run in runs])
         return
@@ -415,13 +426,64 @@ def cancel_run(run_id: RunId, as_json: JsonFlag = False) -> None:
 
 
 @runs_app.command("retry")
-def retry_run(run_id: RunId, as_json: JsonFlag = False) -> None:
-    """Re-queue a failed or dead run (attempts start again; history stays)."""
-    run = with_service(lambda s: s.requeue(run_id))
+def retry_run(
+    run_id: Annotated[
+        str | None, typer.Argument(metavar="[RUN_ID]", help="The run to re-queue.")
+    ] = None,
+    status: Annotated[
+        list[RunStatus] | None,
+        typer.Option(
+            "--status",
+            "-s",
+            help="Without RUN_ID: re-queue in bulk the runs in this status (dead or failed;"
+            " repeat for both).",
+        ),
+    ] = None,
+    agent: Annotated[str | None, typer.Option(help="Bulk: only this agent's runs.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Bulk: only this tenant's runs.")] = None,
+    limit: Annotated[
+        int,
+        typer.Option(help=f"Bulk: at most this many runs, newest first (1-{MAX_BULK})."),
+    ] = DEFAULT_BULK_LIMIT,
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-queue a failed or dead run (attempts start again; history stays),
+    or, with --status and no RUN_ID, every matching run: prints how many were
+    re-queued and how many were refused, and why (a lane may refuse)."""
+    bulk_options = status or agent is not None or tenant is not None
+    if run_id is not None:
+        if bulk_options or limit != DEFAULT_BULK_LIMIT:
+            raise CliError("give a RUN_ID or --status (bulk), not both")
+        run = with_service(lambda s: s.requeue(run_id))
+        if as_json:
+            print_json(record(run))
+        else:
+            console.print(Text.assemble(f"run {run.id} re-queued: ", _status(run.status)))
+        return
+    if not status:
+        raise CliError("give a RUN_ID, or --status dead (or failed) to re-queue in bulk")
+    done, refused = with_service(
+        lambda s: Operations(s).requeue_many(
+            statuses=status, agent=agent, tenant=tenant, limit=limit
+        )
+    )
+    more = len(done) + len(refused) == limit
     if as_json:
-        print_json(record(run))
-    else:
-        console.print(Text.assemble(f"run {run.id} re-queued: ", _status(run.status)))
+        print_json(
+            {
+                "requeued": len(done),
+                "refused": len(refused),
+                "requeued_ids": [str(run.id) for run in done],
+                "refusals": [{"id": str(run.id), "reason": reason} for run, reason in refused],
+                "limit_reached": more,
+            }
+        )
+        return
+    console.print(f"re-queued {len(done)} runs; refused {len(refused)}")
+    for run, reason in refused:
+        console.print(Text(f"  refused {run.id} ({run.agent}): {reason}"))
+    if more:
+        console.print(Text(f"(--limit {limit} reached: more runs may match; run it again)"))
 
 
 @runs_app.command("resume")

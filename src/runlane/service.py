@@ -237,6 +237,8 @@ class RunService:
             encoded = json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"input must be JSON: {exc}") from None
+        if "\\u0000" in encoded:
+            raise InvalidInput("input cannot hold NUL characters (\\u0000)")
         size = len(encoded.encode())
         if size > self.settings.max_input_bytes:
             raise PayloadTooLarge(

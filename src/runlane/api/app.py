@@ -9,6 +9,7 @@ from importlib.resources import files
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -81,10 +82,16 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    app.include_router(lanes_routes.router)
-    app.include_router(runs_routes.router)
-    app.include_router(admin_routes.router)
-    app.include_router(ops_routes.router)
+    routers = [lanes_routes.router, runs_routes.router, admin_routes.router, ops_routes.router]
+    for router in routers:
+        app.include_router(router)
+    # For the Allow header of a 405: which methods each path template serves.
+    app.state.route_methods = [
+        (route.path_regex, route.methods)
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute)
+    ]
     # The dashboard: static pages shipped in the package, over the /v1 API.
     ui = files("runlane") / "ui"
     if ui.is_dir():
@@ -92,6 +99,9 @@ def create_app(
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
+
+
+DOCUMENT_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 class RequestMetrics:
@@ -121,7 +131,9 @@ class RequestMetrics:
             app: Any = scope.get("app")
             context = getattr(getattr(app, "state", None), "runlane", None)
             if context is not None:
-                route = getattr(scope.get("route"), "path", "unmatched")
+                route = getattr(scope.get("route"), "path", None) or (
+                    scope["path"] if scope["path"] in DOCUMENT_PATHS else "unmatched"
+                )
                 context.metrics.requests.labels(
                     method=scope["method"], route=route, status=str(status)
                 ).inc()

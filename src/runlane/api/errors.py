@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,10 +40,20 @@ class ApiError(RunlaneError):
         self.code = code
 
 
-def error_response(code: str, message: str, status: int | None = None) -> JSONResponse:
+def error_response(
+    code: str,
+    message: str,
+    status: int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    status = status or STATUS_BY_CODE.get(code, 400)
+    merged = dict(headers or {})
+    if status == 401:
+        merged.setdefault("WWW-Authenticate", "Bearer")
     return JSONResponse(
         {"error": {"code": code, "message": redact_text(message)}},
-        status_code=status or STATUS_BY_CODE.get(code, 400),
+        status_code=status,
+        headers=merged or None,
     )
 
 
@@ -58,6 +70,17 @@ def install_error_handlers(app: FastAPI) -> None:
             parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
         return error_response("validation_error", "; ".join(parts) or "invalid request")
 
+    @app.exception_handler(psycopg.DataError)
+    async def data_error(_: Request, exc: psycopg.DataError) -> JSONResponse:
+        # A value PostgreSQL cannot store or compare, e.g. a NUL character.
+        return error_response(
+            "validation_error", "a value cannot be stored (NUL characters are not allowed)"
+        )
+
+    @app.exception_handler(UnicodeError)
+    async def unicode_error(_: Request, exc: UnicodeError) -> JSONResponse:
+        return error_response("validation_error", "text must be valid Unicode")
+
     @app.exception_handler(psycopg.OperationalError)
     async def database_error(_: Request, exc: psycopg.OperationalError) -> JSONResponse:
         return error_response("database_unavailable", "the database is unavailable; retry")
@@ -67,8 +90,24 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response("database_unavailable", "no database connection free; retry")
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # The framework could not parse the body (bad bytes, numbers or
+            # nesting it refuses): an invalid request like any other.
+            return error_response("validation_error", f"invalid request body: {exc.detail}")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
             exc.status_code, "http_error"
         )
-        return error_response(code, str(exc.detail), exc.status_code)
+        return error_response(code, str(exc.detail), exc.status_code, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (one route per method)."""
+    methods: set[str] = set()
+    for path_regex, route_methods in getattr(request.app.state, "route_methods", ()):
+        if path_regex.match(request.url.path):
+            methods.update(route_methods)
+    return sorted(methods)

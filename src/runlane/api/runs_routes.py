@@ -137,6 +137,7 @@ async def cancel_run(run_id: str, who: Caller, request: Request) -> RunOut:
     responses={
         200: {"model": RunOut, "description": "Same value again: the same resume run."},
         409: {"model": ErrorResponse, "description": "not_interrupted, resume_superseded"},
+        413: {"model": ErrorResponse, "description": "The value is over the input limit."},
         **ERRORS,
     },
 )

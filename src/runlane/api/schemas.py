@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from runlane.lanes import LaneSnapshot, LaneState, Policy, Request, RequestStatus
 from runlane.models import Attempt, Run, RunStatus
+
+
+def _json_number(value: Any) -> Any:
+    """JSON numbers only: no booleans, no numeric strings."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+def _whole_number(value: Any) -> Any:
+    """A whole JSON number (3 or 3.0), as JSON Schema's integer."""
+    value = _json_number(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be a whole number")
+        return int(value)
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_json_number)]
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 THREAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$"
@@ -28,8 +49,8 @@ class ErrorResponse(BaseModel):
 class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_seconds: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
-    max_turns: int | None = Field(default=None, ge=1, le=100_000)
+    max_seconds: Number | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    max_turns: WholeNumber | None = Field(default=None, ge=1, le=100_000)
 
 
 class RequestSubmission(BaseModel):
@@ -59,7 +80,7 @@ class RequestSubmission(BaseModel):
         max_length=200,
         description="Idempotency key, unique per tenant; generated when absent.",
     )
-    priority: int = Field(default=0, ge=-1000, le=1000)
+    priority: WholeNumber = Field(default=0, ge=-1000, le=1000)
     metadata: dict[str, Any] | None = None
 
 
@@ -134,9 +155,9 @@ class RunSubmission(BaseModel):
 
     agent: str = Field(pattern=NAME_PATTERN, max_length=128)
     input: Any = Field(default_factory=dict)
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    delay_seconds: float = Field(default=0, ge=0, le=365 * 24 * 3600)
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    priority: WholeNumber = Field(default=0, ge=-1000, le=1000)
+    delay_seconds: Number = Field(default=0, ge=0, le=365 * 24 * 3600)
+    max_attempts: WholeNumber | None = Field(default=None, ge=1, le=100)
     budget: Budget | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     metadata: dict[str, Any] | None = None
