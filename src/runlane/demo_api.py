@@ -114,6 +114,7 @@ def print_instructions(console: Console, api: DemoApi) -> None:
     run_id = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"run_id\"])'"
     lines = [
         f"HTTP API on {api.url}  (OpenAPI docs: {api.url}/docs)",
+        f"Dashboard: {api.url}/ui/  (chat; operations at {api.url}/ui/ops.html; paste the key)",
         f"demo API key (tenant {TENANT!r}, user {USER!r}; revoked when the demo stops): {api.key}",
         f"Submit a request into thread {CURL_THREAD} and follow its run's events:",
         f"  export KEY={api.key}",
