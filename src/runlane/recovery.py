@@ -9,31 +9,20 @@ trigger does the rest.)
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
-from runlane.context import TRANSIENT_ERRORS
 from runlane.lane_store import LaneStore, RecoveryResult
+from runlane.periodic import PeriodicService
 
 logger = logging.getLogger(__name__)
 
 
-class Recovery:
+class Recovery(PeriodicService):
+    name = "recovery"
+
     def __init__(self, lanes: LaneStore, *, interval_seconds: float) -> None:
+        super().__init__(interval_seconds=interval_seconds)
         self._lanes = lanes
-        self._interval = interval_seconds
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="runlane-recovery")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def run_once(self) -> RecoveryResult | None:
         result = await self._lanes.recover()
@@ -44,13 +33,3 @@ class Recovery:
                 result.interrupts_expired,
             )
         return result
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except TRANSIENT_ERRORS as exc:
-                logger.warning("recovery pass failed: %s", exc)
-            except Exception:
-                logger.exception("recovery pass failed")
-            await asyncio.sleep(self._interval)

@@ -19,6 +19,8 @@ from runlane.service import RunService
 
 # A missed NOTIFY delays delivery by at most this long.
 REREAD_SECONDS = 2.0
+# Events read per query while replaying.
+PAGE = 500
 
 
 def sse(data: Any, *, event: str | None = None, event_id: int | None = None) -> str:
@@ -46,22 +48,12 @@ async def run_events(
         seq = after_seq
         idle = 0.0
         while True:
+            # The run first: events are written before a terminal status, so
+            # once it is seen, the events read next are all there are.
             run = await runs.get(run_id)
-            for event in await runs.store.list_events(run_id, after_seq=seq):
-                seq = event.seq
-                yield sse(
-                    {
-                        "seq": event.seq,
-                        "kind": event.kind,
-                        "data": event.data,
-                        "attempt": event.attempt,
-                    },
-                    event=event.kind,
-                    event_id=event.seq,
-                )
-            if run.status.is_terminal:
-                # Events before the terminal write are committed: read the rest.
-                for event in await runs.store.list_events(run_id, after_seq=seq):
+            while True:
+                page = await runs.store.list_events(run_id, after_seq=seq, limit=PAGE)
+                for event in page:
                     seq = event.seq
                     yield sse(
                         {
@@ -73,6 +65,9 @@ async def run_events(
                         event=event.kind,
                         event_id=event.seq,
                     )
+                if len(page) < PAGE:
+                    break
+            if run.status.is_terminal:
                 yield sse(
                     {
                         "run_id": str(run.id),
