@@ -1,0 +1,344 @@
+"""Shared plumbing of the benchmarks: databases, worker processes, CPU
+readings, statistics, results and plots.
+
+This module imports neither runlane nor a peer at import time, so the peer
+adapters (which may run under another interpreter, see
+``bench.peers.oban_adapter``) can use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+PLOTS_DIR = BENCH_DIR / "plots"
+AGENT = "bench"
+
+# The server the benchmarks create their databases on (an admin database).
+DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def synchronous_commit() -> str:
+    """on (PostgreSQL's default: every commit waits for its WAL flush) or off
+    (set per benchmark database; shows the CPU-bound costs without the
+    disk's flush latency). ``python -m bench ... --synchronous-commit off``."""
+    value = os.environ.get("RUNLANE_BENCH_SYNCHRONOUS_COMMIT", "on")
+    if value not in ("on", "off"):
+        raise ValueError("RUNLANE_BENCH_SYNCHRONOUS_COMMIT must be on or off")
+    return value
+
+
+def result_name(name: str) -> str:
+    """The results/plot file name for this figure under the current setting."""
+    return name if synchronous_commit() == "on" else f"{name}_sync_off"
+
+
+def admin_url() -> str:
+    return os.environ.get("RUNLANE_BENCH_ADMIN_URL", DEFAULT_ADMIN_URL)
+
+
+def database_url(name: str) -> str:
+    params = pg_conninfo.conninfo_to_dict(admin_url())
+    params["dbname"] = name
+    return pg_conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def create_database(
+    tag: str, *, runlane_schema: bool = True, synchronous_commit: str | None = None
+) -> str:
+    """A new database on the benchmark server; returns its URL.
+    ``synchronous_commit`` (on/off) is set for this database alone."""
+    name = f"runlane_bench_{tag}_{uuid.uuid4().hex[:8]}"
+    setting = synchronous_commit or globals()["synchronous_commit"]()
+    assert setting in ("on", "off")
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = {setting}')
+    url = database_url(name)
+    if runlane_schema:
+        from runlane.migrations import migrate
+
+        migrate(url)
+    return url
+
+
+def drop_database(url: str) -> None:
+    name = pg_conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def bench_database(
+    tag: str, *, runlane_schema: bool = True, synchronous_commit: str | None = None
+) -> Iterator[str]:
+    url = create_database(tag, runlane_schema=runlane_schema, synchronous_commit=synchronous_commit)
+    try:
+        yield url
+    finally:
+        drop_database(url)
+
+
+# -- statistics -----------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear interpolation between ranks."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max in milliseconds."""
+    return {
+        "n": len(seconds),
+        "p50_ms": percentile(seconds, 50) * 1000,
+        "p90_ms": percentile(seconds, 90) * 1000,
+        "p99_ms": percentile(seconds, 99) * 1000,
+        "max_ms": max(seconds) * 1000 if seconds else float("nan"),
+    }
+
+
+def median_of(runs: Sequence[dict[str, Any]], key: str) -> float:
+    return median([float(run[key]) for run in runs if run.get(key) is not None])
+
+
+# -- CPU ------------------------------------------------------------------------
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # Fields after the command: state is [0]; utime [11], stime [12].
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def backend_pids(url: str) -> list[int]:
+    """PostgreSQL backends connected to this URL's database (the server
+    runs on this machine, so their CPU can be read from /proc)."""
+    name = pg_conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+# -- processes -------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    """A benchmark child process that prints ``ready`` once it serves."""
+
+    popen: subprocess.Popen[str]
+    name: str
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        assert self.popen.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.popen.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.name} exited before it was ready ({self.popen.poll()})")
+            if line.strip() == "ready":
+                return
+        raise RuntimeError(f"{self.name} not ready after {timeout}s")
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+    def stop_and_read(self, timeout: float = 30.0) -> str:
+        """SIGTERM, then everything it printed after ``ready``."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            out, _ = self.popen.communicate()
+        return out or ""
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def spawn(
+    module: str,
+    args: Sequence[str],
+    *,
+    python: str | None = None,
+    name: str | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> Proc:
+    """Starts ``python -m module args...`` with the repository on the path."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
+    )
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    popen = subprocess.Popen(
+        [python or sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+    )
+    return Proc(popen, name or module)
+
+
+@contextlib.contextmanager
+def running(procs: list[Proc]) -> Iterator[list[Proc]]:
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def wait_for(condition: Any, *, timeout: float, interval: float = 0.05, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+# -- results ---------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as f:
+            total_kb = int(f.readline().split()[1])
+        info["memory_gib"] = round(total_kb / 1024 / 1024, 1)
+    with contextlib.suppress(Exception), psycopg.connect(admin_url()) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        info["postgresql"] = row[0] if row else None
+    return info
+
+
+def write_results(name: str, data: dict[str, Any], *, out_dir: Path | None = None) -> Path:
+    folder = out_dir or RESULTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{result_name(name)}.json"
+    payload = {
+        "benchmark": name,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "synchronous_commit": synchronous_commit(),
+        "machine": machine(),
+        **data,
+    }
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return path
+
+
+def plot(
+    name: str,
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = False,
+    out_dir: Path | None = None,
+) -> Path | None:
+    """A line plot to bench/plots/NAME.png; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    folder = out_dir or PLOTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o", label=label)
+    if logx:
+        ax.set_xscale("symlog", linthresh=10_000)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = folder / f"{result_name(name)}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (printed and returned)."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.2f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text

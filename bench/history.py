@@ -1,0 +1,213 @@
+"""Figure 4: scale with history — submit, claim and finish latency with 0,
+100,000 and 1,000,000 finished runs in the tables.
+
+One database per history size, filled in bulk (generate_series) with
+completed runs and their attempt rows, then VACUUM ANALYZE. Each round, in
+every database in turn: M submits one at a time (``RunService.submit``),
+M single claims (``RunStore.claim_batch(limit=1)``), M fenced finishes one
+at a time (``RunStore.finish_attempts``), and M/10 claims of 10. The probe
+runs are deleted at the end of the round, so every size stays exact.
+Target: each p50 within 1.2x of the empty database's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import (
+    AGENT,
+    create_database,
+    drop_database,
+    latency_summary,
+    median,
+    plot,
+    print_table,
+    write_results,
+)
+
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"history": [0, 1000], "m": 20},
+    "small": {"history": [0, 10_000, 100_000], "m": 200},
+    "full": {"history": [0, 100_000, 1_000_000], "m": 300},
+}
+
+
+def fill_history(url: str, n: int) -> float:
+    """n completed runs with one attempt each, spread over the last week."""
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        chunk = 200_000
+        for low in range(0, n, chunk):
+            high = min(n, low + chunk)
+            conn.execute(
+                """
+                WITH made AS (
+                    INSERT INTO runlane.runs (agent, input, output, status, max_attempts,
+                                              attempts, claim_count, created_at, started_at,
+                                              finished_at, available_at)
+                    SELECT %s, jsonb_build_object('i', g), jsonb_build_object('ok', true),
+                           'completed', 3, 1, 1, ts, ts, ts + interval '1 second', ts
+                    FROM generate_series(%s::bigint, %s::bigint) AS g,
+                         LATERAL (SELECT now() - interval '7 days'
+                                         + (g * interval '7 days') / %s AS ts) AS t
+                    RETURNING id, started_at, finished_at
+                )
+                INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token,
+                                                  started_at, ended_at, outcome)
+                SELECT id, 1, 'history', gen_random_uuid(), started_at, finished_at, 'completed'
+                FROM made
+                """,
+                (AGENT, low + 1, high, max(n, 1)),
+            )
+        conn.execute("VACUUM ANALYZE runlane.runs")
+        conn.execute("VACUUM ANALYZE runlane.run_attempts")
+    return time.monotonic() - started
+
+
+async def measure(url: str, m: int) -> dict[str, Any]:
+    from runlane.database import create_pool
+    from runlane.models import Outcome
+    from runlane.service import RunService
+    from runlane.settings import Settings
+    from runlane.store import Finish, RunStore
+
+    pool = create_pool(url, min_size=1, max_size=2, check=False)
+    await pool.open()
+    store = RunStore(pool)
+    service = RunService(store, Settings(database_url=url))
+    submit, claim, finish, claim10 = [], [], [], []
+    try:
+        for _ in range(m + m):
+            t = time.perf_counter()
+            await service.submit(AGENT, {"probe": True})
+            submit.append(time.perf_counter() - t)
+        claimed = []
+        for _ in range(m):
+            t = time.perf_counter()
+            batch = await store.claim_batch(worker_id="bench-history", limit=1, lease_seconds=60)
+            claim.append(time.perf_counter() - t)
+            claimed.extend(batch)
+        for c in claimed:
+            t = time.perf_counter()
+            await store.finish_attempts([Finish(c.run.id, c.lease_token, Outcome.COMPLETED)])
+            finish.append(time.perf_counter() - t)
+        for _ in range(m // 10):
+            t = time.perf_counter()
+            batch = await store.claim_batch(worker_id="bench-history", limit=10, lease_seconds=60)
+            claim10.append(time.perf_counter() - t)
+            await store.finish_attempts(
+                [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in batch]
+            )
+    finally:
+        await pool.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM runlane.runs WHERE input ? 'probe'")
+    return {
+        "submit": latency_summary(submit),
+        "claim": latency_summary(claim),
+        "finish": latency_summary(finish),
+        "claim10": latency_summary(claim10),
+    }
+
+
+def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> dict[str, Any]:
+    cfg = SIZES[size]
+    urls: dict[int, str] = {}
+    fill_seconds: dict[int, float] = {}
+    rounds: list[dict[str, Any]] = []
+    try:
+        for n in cfg["history"]:
+            urls[n] = create_database(f"history{n}")
+            fill_seconds[n] = fill_history(urls[n], n) if n else 0.0
+            print(f"history {n:,}: filled in {fill_seconds[n]:.1f}s", flush=True)
+        for rnd in range(runs):
+            for n, url in urls.items():
+                result = asyncio.run(measure(url, cfg["m"]))
+                rounds.append({"round": rnd, "history": n, **result})
+                print(
+                    f"round {rnd} history {n:>9,}: submit p50"
+                    f" {result['submit']['p50_ms']:.2f} ms, claim p50"
+                    f" {result['claim']['p50_ms']:.2f} ms, finish p50"
+                    f" {result['finish']['p50_ms']:.2f} ms",
+                    flush=True,
+                )
+    finally:
+        for url in urls.values():
+            with contextlib.suppress(Exception):
+                drop_database(url)
+    ops = ("submit", "claim", "finish", "claim10")
+    summary: dict[str, Any] = {"rows": []}
+    base: dict[str, float] = {}
+    for n in cfg["history"]:
+        row: dict[str, Any] = {"history": n}
+        for op in ops:
+            row[f"{op}_p50_ms"] = median([r[op]["p50_ms"] for r in rounds if r["history"] == n])
+            row[f"{op}_p99_ms"] = median([r[op]["p99_ms"] for r in rounds if r["history"] == n])
+            if n == cfg["history"][0]:
+                base[op] = row[f"{op}_p50_ms"]
+            # Per-round ratio to the empty database measured in the same round.
+            ratios = []
+            for rnd in range(runs):
+                here = [r for r in rounds if r["round"] == rnd and r["history"] == n]
+                empty = [
+                    r for r in rounds if r["round"] == rnd and r["history"] == cfg["history"][0]
+                ]
+                if here and empty:
+                    ratios.append(here[0][op]["p50_ms"] / empty[0][op]["p50_ms"])
+            row[f"{op}_ratio"] = median(ratios)
+        summary["rows"].append(row)
+    summary["table"] = print_table(
+        [
+            "finished runs",
+            "submit p50 ms",
+            "ratio",
+            "claim-1 p50 ms",
+            "ratio",
+            "finish p50 ms",
+            "ratio",
+            "claim-10 p50 ms",
+            "ratio",
+        ],
+        [
+            [
+                f"{row['history']:,}",
+                *[v for op in ops for v in (row[f"{op}_p50_ms"], row[f"{op}_ratio"])],
+            ]
+            for row in summary["rows"]
+        ],
+    )
+    xs = [row["history"] for row in summary["rows"]]
+    plot(
+        "history",
+        {f"{op} p50": (xs, [row[f"{op}_p50_ms"] for row in summary["rows"]]) for op in ops},
+        title="Latency against finished runs in the tables (median of rounds)",
+        xlabel="finished runs (symlog)",
+        ylabel="p50 latency, ms",
+        logx=True,
+        out_dir=out_dir,
+    )
+    data = {
+        "size": size,
+        "runs": runs,
+        "config": cfg,
+        "fill_seconds": fill_seconds,
+        "rounds": rounds,
+        "summary": summary,
+    }
+    write_results("history", data, out_dir=out_dir)
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    return run(args.size, args.runs, out_dir=args.out_dir)

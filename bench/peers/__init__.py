@@ -1,0 +1,1 @@
+"""Adapters that run the throughput workload on other PostgreSQL queues."""

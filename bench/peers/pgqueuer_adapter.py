@@ -1,0 +1,186 @@
+"""PGQueuer (>= 1.6) running the same no-op workload, in the same server.
+
+    python -m bench.peers.pgqueuer_adapter serve --url URL --concurrency 50
+
+One QueueManager per process over one psycopg connection (PGQueuer's own
+model), ``batch_size = concurrency // 2`` (its dequeue batch; PGQueuer
+requires ``max_concurrent_tasks >= 2 * batch_size``) and
+``max_concurrent_tasks = concurrency``. Log aggregation is off during the
+run so that pgqueuer_log keeps the timestamps the burn-down is read from;
+it polls every second besides NOTIFY (``dequeue_timeout``), like runlane's
+worker (the throughput and wake-up figures were measured before this
+setting was added, with PGQueuer's default of 30 s, which only matters when
+a NOTIFY is missed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from bench.common import AGENT, Proc, spawn
+
+NAME = "pgqueuer"
+
+
+def available() -> str | None:
+    """None when usable, else why not."""
+    try:
+        import pgqueuer  # noqa: F401
+    except ImportError:
+        return "pgqueuer is not installed (pip install 'runlane[bench]')"
+    return None
+
+
+async def _queries(conn: psycopg.AsyncConnection[Any]) -> Any:
+    from pgqueuer.db import PsycopgDriver
+    from pgqueuer.queries import Queries
+
+    return Queries(PsycopgDriver(conn))
+
+
+async def _setup(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        queries = await _queries(conn)
+        if not await queries.has_table("pgqueuer"):
+            await queries.install()
+
+
+def setup(url: str) -> None:
+    asyncio.run(_setup(url))
+
+
+def reset(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
+
+
+async def _enqueue(url: str, n: int) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        queries = await _queries(conn)
+        chunk = 5000
+        for start in range(0, n, chunk):
+            size = min(chunk, n - start)
+            await queries.enqueue([AGENT] * size, [None] * size, [0] * size)
+
+
+def enqueue(url: str, n: int) -> None:
+    asyncio.run(_enqueue(url, n))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE pgqueuer")
+
+
+def remaining(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
+    return int(row[0]) if row else 0
+
+
+def window(url: str) -> tuple[float, float]:
+    """(first pick, last success) on the database clock, epoch seconds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            """
+            SELECT extract(epoch FROM min(created) FILTER (WHERE status = 'picked')),
+                   extract(epoch FROM max(created) FILTER (WHERE status = 'successful')),
+                   count(*) FILTER (WHERE status = 'successful')
+            FROM pgqueuer_log
+            """
+        ).fetchone()
+    assert row is not None and row[0] is not None and row[1] is not None
+    return float(row[0]), float(row[1])
+
+
+def done_count(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def spawn_worker(url: str, concurrency: int, *, mode: str = "noop") -> Proc:
+    return spawn(
+        "bench.peers.pgqueuer_adapter",
+        ["serve", "--url", url, "--concurrency", str(concurrency), "--mode", mode],
+        name=f"pgqueuer worker c={concurrency} {mode}",
+    )
+
+
+async def _probe(url: str, n: int, gap: float) -> None:
+    """Enqueues n jobs one at a time, each carrying time.time() taken just
+    before the call (the wake-up latency figure)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        queries = await _queries(conn)
+        next_at = time.monotonic()
+        for _ in range(n):
+            await queries.enqueue(AGENT, json.dumps({"t": time.time()}).encode())
+            next_at += gap
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def probe(url: str, n: int, gap: float) -> None:
+    asyncio.run(_probe(url, n, gap))
+
+
+async def _serve(url: str, concurrency: int, mode: str) -> None:
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    qm = QueueManager(await _queries(conn))
+    latencies: list[float] = []
+
+    if mode == "stamp":
+
+        @qm.entrypoint(AGENT)
+        async def stamp(job: Job) -> None:
+            started = time.time()
+            if job.payload:
+                latencies.append(started - json.loads(job.payload)["t"])
+
+    else:
+
+        @qm.entrypoint(AGENT)
+        async def noop(job: Job) -> None:
+            return None
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, qm.shutdown.set)
+    batch = max(1, concurrency // 2)
+    print("ready", flush=True)
+    try:
+        await qm.run(
+            # Poll every second as a fallback to NOTIFY, as runlane's worker does.
+            dequeue_timeout=timedelta(seconds=1),
+            batch_size=batch,
+            max_concurrent_tasks=max(concurrency, 2 * batch),
+            log_aggregation_interval=timedelta(0),
+        )
+    finally:
+        await conn.close()
+        if mode == "stamp":
+            print(json.dumps({"latencies": latencies}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.pgqueuer_adapter")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve")
+    serve.add_argument("--url", required=True)
+    serve.add_argument("--concurrency", type=int, default=10)
+    serve.add_argument("--mode", choices=["noop", "stamp"], default="noop")
+    args = parser.parse_args()
+    asyncio.run(_serve(args.url, args.concurrency, args.mode))
+
+
+if __name__ == "__main__":
+    main()

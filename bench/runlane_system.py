@@ -1,0 +1,101 @@
+"""runlane behind the same small interface as the peer adapters: set up,
+reset, bulk-enqueue, count what remains, read the burn-down window, start a
+worker process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from bench.common import AGENT, Proc, spawn
+
+NAME = "runlane"
+
+
+def available() -> str | None:
+    return None
+
+
+def setup(url: str) -> None:
+    from runlane.migrations import migrate
+
+    migrate(url)
+
+
+def reset(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "TRUNCATE runlane.runs, runlane.run_attempts, runlane.run_events,"
+            " runlane.run_effects, runlane.requests, runlane.lanes, runlane.workers CASCADE"
+        )
+        # Undo the experiment of bench.runlane_variants, if one ran before.
+        conn.execute("ALTER TABLE runlane.runs ENABLE TRIGGER runs_notify_status")
+
+
+def insert_pending(conn: psycopg.Connection[Any], n: int, *, start: int = 0) -> None:
+    """n pending runs of the bench agent in one statement: the same row
+    insert_run writes (defaults for everything but agent, input, attempts),
+    without the per-run round trip. No NOTIFY: workers started afterwards
+    claim at once."""
+    conn.execute(
+        """
+        INSERT INTO runlane.runs (agent, input, max_attempts)
+        SELECT %s, jsonb_build_object('i', g), 3 FROM generate_series(%s::bigint, %s::bigint) AS g
+        """,
+        (AGENT, start + 1, start + n),
+    )
+
+
+def enqueue(url: str, n: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for start in range(0, n, 50_000):
+            insert_pending(conn, min(50_000, n - start), start=start)
+        conn.execute("ANALYZE runlane.runs")
+
+
+def remaining(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runlane.runs WHERE status IN ('pending', 'running')"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def window(url: str) -> tuple[float, float]:
+    """(first claim, last finish) on the database clock, epoch seconds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            """
+            SELECT extract(epoch FROM (SELECT min(started_at) FROM runlane.run_attempts)),
+                   extract(epoch FROM (SELECT max(finished_at) FROM runlane.runs))
+            """
+        ).fetchone()
+    assert row is not None and row[0] is not None and row[1] is not None
+    return float(row[0]), float(row[1])
+
+
+def worker_args(
+    url: str,
+    concurrency: int,
+    *,
+    mode: str = "noop",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    return ["--url", url, "--concurrency", str(concurrency), "--mode", mode, *extra]
+
+
+def spawn_worker(
+    url: str,
+    concurrency: int,
+    *,
+    mode: str = "noop",
+    extra: Sequence[str] = (),
+    profile: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Proc:
+    args = worker_args(url, concurrency, mode=mode, extra=extra)
+    if profile:
+        args += ["--profile", profile]
+    return spawn("bench.procs", args, name=f"runlane worker c={concurrency} {mode}", env_extra=env)

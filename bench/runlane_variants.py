@@ -1,0 +1,68 @@
+"""Experiments: runlane with one cost taken away, run side by side with
+plain runlane in the same throughput rounds (``--systems
+runlane,runlane-no-status-notify,runlane-no-aging``), so that the gain a
+hot-path change would bring is a ratio measured in the same run. They
+change the benchmark database or the worker's settings, never src/.
+
+- ``runlane-no-status-notify``: the ``runs_notify_status`` trigger (one
+  pg_notify per run reaching a terminal status, for the API's streams) is
+  disabled for the trial.
+- ``runlane-no-aging``: the worker runs with priority aging off
+  (``RUNLANE_PRIORITY_AGING_SECONDS=0``), so ``runlane.claim_runs`` reads
+  one candidate list instead of two.
+- ``runlane-free-slot-early``: the worker (``bench.procs.EarlySlotWorker``)
+  frees a concurrency slot when the handler returns rather than when the
+  outcome is written, so claiming overlaps the outcome write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from bench import runlane_system
+from bench.common import Proc
+
+
+class Variant:
+    def __init__(self, name: str, *, sql: str | None = None, env: dict[str, str] | None = None):
+        self.NAME = name
+        self._sql = sql
+        self._env = env
+
+    def available(self) -> str | None:
+        return None
+
+    def setup(self, url: str) -> None:
+        runlane_system.setup(url)
+
+    def reset(self, url: str) -> None:
+        runlane_system.reset(url)
+        if self._sql:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(self._sql)
+
+    def enqueue(self, url: str, n: int) -> None:
+        runlane_system.enqueue(url, n)
+
+    def remaining(self, url: str) -> int:
+        return runlane_system.remaining(url)
+
+    def window(self, url: str) -> tuple[float, float]:
+        return runlane_system.window(url)
+
+    def spawn_worker(self, url: str, concurrency: int, **kwargs: Any) -> Proc:
+        return runlane_system.spawn_worker(url, concurrency, env=self._env, **kwargs)
+
+
+VARIANTS = {
+    "runlane-no-status-notify": Variant(
+        "runlane-no-status-notify",
+        sql="ALTER TABLE runlane.runs DISABLE TRIGGER runs_notify_status",
+    ),
+    "runlane-no-aging": Variant("runlane-no-aging", env={"RUNLANE_PRIORITY_AGING_SECONDS": "0"}),
+    "runlane-free-slot-early": Variant(
+        "runlane-free-slot-early", env={"RUNLANE_BENCH_EXPERIMENT": "free-slot-early"}
+    ),
+}

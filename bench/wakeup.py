@@ -1,0 +1,284 @@
+"""Figure 2: wake-up latency — submit → handler start with an idle
+listening worker, submits one at a time (p50/p99); and the same under about
+50% load.
+
+A runlane worker process (concurrency 10, mode ``stamp``) serves; this
+process submits through ``RunService.submit`` (the real path: one INSERT
+with its NOTIFY) a run whose input carries ``time.time()`` taken just
+before the call, one every ``--gap`` ms (open loop; each no-op run takes a
+few ms, so the worker is idle when the next one arrives). The handler
+returns ``time.time()`` at its start; latency = start - submit, both read
+from the same machine's clock. Under load, a loader process adds runs at
+half the worker's capacity (measured first, in the same round, by a
+burn-down) in small batches every 10 ms, each with a wake-up NOTIFY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import runlane_system
+from bench.common import (
+    AGENT,
+    bench_database,
+    latency_summary,
+    median,
+    print_table,
+    running,
+    spawn,
+    wait_for,
+    write_results,
+)
+
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"n": 20, "gap_ms": 10, "capacity_n": 100, "listen_wait": 0.5},
+    "small": {"n": 300, "gap_ms": 20, "capacity_n": 3000, "listen_wait": 2.0},
+    "full": {"n": 1000, "gap_ms": 20, "capacity_n": 5000, "listen_wait": 2.0},
+}
+
+
+async def submit_probes(url: str, n: int, gap: float) -> list[float]:
+    """Submits n probe runs one at a time; returns each submit call's time."""
+    from runlane.database import create_pool
+    from runlane.service import RunService
+    from runlane.settings import Settings
+    from runlane.store import RunStore
+
+    pool = create_pool(url, min_size=1, max_size=2)
+    await pool.open()
+    service = RunService(RunStore(pool), Settings(database_url=url))
+    submit_seconds = []
+    try:
+        next_at = time.monotonic()
+        for _ in range(n):
+            started = time.monotonic()
+            await service.submit(AGENT, {"t": time.time(), "probe": True})
+            submit_seconds.append(time.monotonic() - started)
+            next_at += gap
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        await pool.close()
+    return submit_seconds
+
+
+def probe_latencies(url: str) -> list[float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            """
+            SELECT (output ->> 'started')::float8 - (input ->> 't')::float8
+            FROM runlane.runs WHERE input ? 'probe' AND status = 'completed'
+            """
+        ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def pending_probes(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runlane.runs WHERE input ? 'probe' AND status <> 'completed'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def capacity(url: str, n: int) -> float:
+    """Runs/s of the running worker on an n-run burn-down."""
+    runlane_system.reset(url)
+    runlane_system.enqueue(url, n)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify('runlane_wakeup', %s)", (AGENT,))
+    wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60 + n / 50, what="burn-down")
+    first, last = runlane_system.window(url)
+    return n / (last - first)
+
+
+def peer_phase(
+    system: Any, url: str, n: int, gap: float, *, listen_wait: float = 2.0
+) -> dict[str, Any]:
+    """The same idle wake-up figure for a peer queue: its worker (concurrency
+    10) records start - submit in the handler and prints them at exit."""
+    system.setup(url)
+    system.reset(url)
+    worker = system.spawn_worker(url, 10, mode="stamp")
+    try:
+        worker.wait_ready()
+        time.sleep(listen_wait)  # let it LISTEN before the first probe
+        system.probe(url, n, gap)
+        wait_for(lambda: system.remaining(url) == 0, timeout=60, what=f"{system.NAME} probes")
+    finally:
+        out = worker.stop_and_read()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    latencies = json.loads(lines[-1])["latencies"] if lines else []
+    return {"latency": latency_summary(latencies)}
+
+
+def phase(url: str, n: int, gap: float) -> dict[str, Any]:
+    submit_seconds = asyncio.run(submit_probes(url, n, gap))
+    wait_for(lambda: pending_probes(url) == 0, timeout=60, what="probes")
+    latencies = probe_latencies(url)
+    return {"latency": latency_summary(latencies), "submit": latency_summary(submit_seconds)}
+
+
+def run(
+    size: str = "small",
+    runs: int = 3,
+    *,
+    peers: list[str] | None = None,
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
+    from bench.throughput import systems
+
+    cfg = SIZES[size]
+    gap = cfg["gap_ms"] / 1000
+    rounds: list[dict[str, Any]] = []
+    peer_systems, skipped = systems(peers if peers is not None else ["pgqueuer", "oban"])
+    with bench_database("wakeup") as url:
+        worker = runlane_system.spawn_worker(url, 10, mode="stamp")
+        with running([worker]):
+            worker.wait_ready()
+            for rnd in range(runs):
+                runlane_system.reset(url)
+                idle = phase(url, cfg["n"], gap)
+                peer_idle = {}
+                for system in peer_systems:
+                    peer_idle[system.NAME] = peer_phase(
+                        system, url, cfg["n"], gap, listen_wait=cfg["listen_wait"]
+                    )
+                    print(
+                        f"round {rnd}: {system.NAME} idle p50"
+                        f" {peer_idle[system.NAME]['latency']['p50_ms']:.2f} ms p99"
+                        f" {peer_idle[system.NAME]['latency']['p99_ms']:.2f} ms",
+                        flush=True,
+                    )
+                cap = capacity(url, cfg["capacity_n"])
+                runlane_system.reset(url)
+                rate = cap / 2
+                loader = spawn(
+                    "bench.wakeup",
+                    ["load", "--url", url, "--rate", str(rate)],
+                    name="loader",
+                )
+                with running([loader]):
+                    loader.wait_ready()
+                    time.sleep(1.0)  # reach a steady state
+                    loaded = phase(url, cfg["n"], gap)
+                    backlog = runlane_system.remaining(url)
+                # Let the worker finish the load before the tables are reset.
+                wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
+                rounds.append(
+                    {
+                        "round": rnd,
+                        "idle": idle,
+                        "peers_idle": peer_idle,
+                        "loaded": loaded,
+                        "capacity": cap,
+                        "rate": rate,
+                        "backlog_at_end": backlog,
+                    }
+                )
+                print(
+                    f"round {rnd}: idle p50 {idle['latency']['p50_ms']:.2f} ms"
+                    f" p99 {idle['latency']['p99_ms']:.2f} ms; capacity {cap:.0f}/s;"
+                    f" at {rate:.0f}/s p50 {loaded['latency']['p50_ms']:.2f} ms"
+                    f" p99 {loaded['latency']['p99_ms']:.2f} ms (backlog {backlog})",
+                    flush=True,
+                )
+    summary = {
+        f"{ph}_{key}": median([r[ph][part][f"{key}_ms"] for r in rounds])
+        for ph in ("idle", "loaded")
+        for part, key in (("latency", "p50"), ("latency", "p99"))
+    }
+    summary["submit_p50_ms"] = median([r["idle"]["submit"]["p50_ms"] for r in rounds])
+    summary["submit_p99_ms"] = median([r["idle"]["submit"]["p99_ms"] for r in rounds])
+    summary["capacity_per_s"] = median([r["capacity"] for r in rounds])
+    summary["load_per_s"] = median([r["rate"] for r in rounds])
+    table_rows: list[list[Any]] = [
+        ["runlane, idle worker", summary["idle_p50"], summary["idle_p99"], ""],
+        [
+            f"runlane, ~50% load ({summary['load_per_s']:.0f} runs/s)",
+            summary["loaded_p50"],
+            summary["loaded_p99"],
+            "",
+        ],
+    ]
+    for system in peer_systems:
+        name = system.NAME
+        p50 = median([r["peers_idle"][name]["latency"]["p50_ms"] for r in rounds])
+        p99 = median([r["peers_idle"][name]["latency"]["p99_ms"] for r in rounds])
+        ratio = median(
+            [
+                r["idle"]["latency"]["p50_ms"] / r["peers_idle"][name]["latency"]["p50_ms"]
+                for r in rounds
+            ]
+        )
+        summary[f"{name}_idle_p50"] = p50
+        summary[f"{name}_idle_p99"] = p99
+        summary[f"runlane_over_{name}_p50"] = ratio
+        table_rows.append([f"{name}, idle worker", p50, p99, ratio])
+    summary["table"] = print_table(
+        ["submit -> handler start", "p50 ms", "p99 ms", "runlane p50 / this p50"], table_rows
+    )
+    data = {
+        "size": size,
+        "runs": runs,
+        "config": cfg,
+        "skipped": skipped,
+        "rounds": rounds,
+        "summary": summary,
+    }
+    write_results("wakeup", data, out_dir=out_dir)
+    return data
+
+
+# -- the loader process -------------------------------------------------------------
+
+
+def load(url: str, rate: float) -> None:
+    """Adds ``rate`` runs/s in batches every 10 ms until killed."""
+    tick = 0.01
+    owed = 0.0
+    start = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        print("ready", flush=True)
+        next_at = time.monotonic()
+        while True:
+            owed += rate * tick
+            batch = int(owed)
+            if batch:
+                owed -= batch
+                with conn.transaction():
+                    runlane_system.insert_pending(conn, batch, start=start)
+                    conn.execute("SELECT pg_notify('runlane_wakeup', %s)", (AGENT,))
+                start += batch
+            next_at += tick
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peers", default="pgqueuer,oban", help="peers measured idle too ('' for none)"
+    )
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    return run(args.size, args.runs, peers=peers, out_dir=args.out_dir)
+
+
+if __name__ == "__main__":
+    loader = argparse.ArgumentParser()
+    loader.add_argument("command", choices=["load"])
+    loader.add_argument("--url", required=True)
+    loader.add_argument("--rate", type=float, required=True)
+    parsed = loader.parse_args()
+    try:
+        load(parsed.url, parsed.rate)
+    except KeyboardInterrupt:
+        sys.exit(0)

@@ -1,0 +1,59 @@
+"""Every benchmark at its tiny size, so that bench/ never rots.
+
+No timing is asserted: speed is measured (BENCHMARKS.md), never tested.
+The runlane side always runs; the peer adapters (PGQueuer, oban) run too
+when their packages can be imported (``pip install 'runlane[bench]'``;
+oban needs Python >= 3.12, see bench/peers/oban_adapter.py) and are
+skipped otherwise. The pgbench part runs when pgbench is on the PATH.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import throughput
+from bench.common import median, percentile
+
+
+@pytest.fixture
+def bench_env(pg_server_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("RUNLANE_BENCH_ADMIN_URL", pg_server_url)
+    monkeypatch.setenv("RUNLANE_BENCH_SYNCHRONOUS_COMMIT", "off")
+    return pg_server_url
+
+
+def test_statistics_helpers() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 99) == 5.0
+    assert median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
+    chosen, skipped = throughput.systems(["runlane", "pgqueuer", "oban"])
+    names = [system.NAME for system in chosen]
+    assert "runlane" in names
+    data = throughput.run(
+        "tiny", 1, names=names, pgbench=shutil.which("pgbench") is not None, out_dir=tmp_path
+    )
+    stored = json.loads((tmp_path / "throughput_sync_off.json").read_text())
+    assert stored["skipped"] == skipped
+    for trial in data["trials"]:
+        assert trial["jobs_per_s"] > 0
+    assert {t["system"] for t in data["trials"]} == set(names)
+
+
+@pytest.mark.parametrize("figure", ["wakeup", "relay", "history", "heartbeat", "recovery", "api"])
+def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
+    module = importlib.import_module(f"bench.{figure}")
+    data = module.run("tiny", 1, out_dir=tmp_path)
+    assert data["summary"]
+    assert (tmp_path / f"{figure}_sync_off.json").exists()
+    if figure == "relay":
+        assert data["summary"]["all_lanes_in_order"]
+    if figure == "api":
+        assert data["summary"]["sse_events_received"] == data["summary"]["sse_events_expected"]
