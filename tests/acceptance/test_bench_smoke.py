@@ -41,7 +41,7 @@ def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
         "tiny", 1, names=names, pgbench=shutil.which("pgbench") is not None, out_dir=tmp_path
     )
     stored = json.loads((tmp_path / "throughput_sync_off.json").read_text())
-    assert stored["skipped"] == skipped
+    assert set(stored["skipped"]) <= set(skipped)
     for trial in data["trials"]:
         assert trial["jobs_per_s"] > 0
     assert {t["system"] for t in data["trials"]} == set(names)
