@@ -29,6 +29,17 @@ from tests.support import embedded_test_server
 TEMPLATE_NAME = f"runlane_test_template_{os.getpid()}"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, in the top conftest, so that pytest registers it for every way
+    # the suite is started. Read by tests/faults/conftest.py.
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="run the fault tests at their large sizes (minutes to an hour)",
+    )
+
+
 def database_url(server_url: str, dbname: str) -> str:
     params = pg_conninfo.conninfo_to_dict(server_url)
     params["dbname"] = dbname
