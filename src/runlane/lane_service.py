@@ -108,7 +108,7 @@ class LaneService:
         ``resume``) of the same agent, with the answer and the last
         checkpoint. The same value again returns the same run."""
         run = await self.runs.get(run_id, tenant=tenant)
-        self.runs.check_input_size(value)
+        self.runs.check_storable(value, what="value")
         return await self.lanes.resume(run, value)
 
     async def cancel_run(self, run_id: str | UUID, *, tenant: str | None = None) -> Run:

@@ -33,6 +33,7 @@ from runlane.lanes import (
     continue_refusal,
     decide_intake,
 )
+from runlane.maintenance_lock import maintenance_lock
 from runlane.models import Run, RunStatus
 from runlane.queries import named_queries
 
@@ -346,14 +347,11 @@ class LaneStore:
         queued requests (only a crash or an operator's edit leaves one), and
         ends unanswered interrupts past their expiry, cancelled. Each lane
         is handled in its own short transaction."""
-        async with self.pool.connection() as conn:
-            locked = await self._one(conn, "try_recovery_lock", {"lock_key": RECOVERY_LOCK_KEY})
-            if not locked or not locked["locked"]:
-                return None
-            try:
-                return await self._recover(conn, limit)
-            finally:
-                await conn.execute(self._sql["recovery_unlock"], {"lock_key": RECOVERY_LOCK_KEY})
+        async with (
+            self.pool.connection() as conn,
+            maintenance_lock(conn, RECOVERY_LOCK_KEY) as locked,
+        ):
+            return await self._recover(conn, limit) if locked else None
 
     async def _recover(self, conn: Conn, limit: int) -> RecoveryResult:
         dispatched = expired = 0

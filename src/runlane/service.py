@@ -22,6 +22,7 @@ from runlane.errors import (
     PayloadTooLarge,
     RunFinished,
 )
+from runlane.json_values import json_problem
 from runlane.models import Attempt, Event, Run, RunStatus
 from runlane.outcomes import MAX_DELAY_SECONDS
 from runlane.settings import Settings
@@ -218,7 +219,7 @@ class RunService:
         metadata: Any,
     ) -> RunOptions:
         """Validates what every new run carries; fills in defaults."""
-        self.check_input_size(input)
+        self.check_storable(input)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInput("priority must be an integer")
         if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
@@ -228,21 +229,22 @@ class RunService:
             raise InvalidInput("max_attempts must be an integer")
         if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
             raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise InvalidInput("metadata must be a JSON object")
+        if metadata is not None:
+            if not isinstance(metadata, dict):
+                raise InvalidInput("metadata must be a JSON object")
+            self.check_storable(metadata, what="metadata")
         return RunOptions(max_attempts=attempts, budget=_check_budget(budget or {}))
 
-    def check_input_size(self, value: Any) -> None:
-        try:
-            encoded = json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"input must be JSON: {exc}") from None
-        if "\\u0000" in encoded:
-            raise InvalidInput("input cannot hold NUL characters (\\u0000)")
-        size = len(encoded.encode())
+    def check_storable(self, value: Any, *, what: str = "input") -> None:
+        """Refuses a value that could not be stored, or served back (see
+        json_values), or that is over max_input_bytes."""
+        problem = json_problem(value)
+        if problem is not None:
+            raise InvalidInput(f"{what}: {problem}")
+        size = len(json.dumps(value, ensure_ascii=False).encode())
         if size > self.settings.max_input_bytes:
             raise PayloadTooLarge(
-                f"input is {size} bytes; the limit is {self.settings.max_input_bytes}"
+                f"{what} is {size} bytes; the limit is {self.settings.max_input_bytes}"
             )
 
 

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from runlane.errors import LaneRefused
+from runlane.maintenance_lock import maintenance_lock
 from runlane.models import Attempt, ClaimedRun, Event, LeaseState, Outcome, Run, RunStatus
 from runlane.queries import named_queries
 
@@ -333,31 +334,32 @@ class RunStore:
         seconds = [float(value) for value in older_than_seconds.values()]
         async with self.pool.connection() as conn:
             if exclusive:
-                cur = await conn.execute(
-                    self._sql["try_maintenance_lock"], {"lock_key": PRUNER_LOCK_KEY}
-                )
-                locked = await cur.fetchone()
-                if not locked or not locked["locked"]:
-                    return None
-            try:
-                runs = await self._delete_batches(
-                    conn,
-                    "prune_runs",
-                    {"statuses": statuses, "older_than_seconds": seconds, "batch": batch},
-                )
-                requests = 0
-                if seconds:
-                    requests = await self._delete_batches(
-                        conn,
-                        "prune_requests",
-                        {"older_than_seconds": min(seconds), "batch": batch},
-                    )
-                return runs, requests
-            finally:
-                if exclusive:
-                    await conn.execute(
-                        self._sql["maintenance_unlock"], {"lock_key": PRUNER_LOCK_KEY}
-                    )
+                async with maintenance_lock(conn, PRUNER_LOCK_KEY) as locked:
+                    if not locked:
+                        return None
+                    return await self._prune(conn, statuses, seconds, batch)
+            return await self._prune(conn, statuses, seconds, batch)
+
+    async def _prune(
+        self,
+        conn: AsyncConnection[DictRow],
+        statuses: list[str],
+        seconds: list[float],
+        batch: int,
+    ) -> tuple[int, int]:
+        runs = await self._delete_batches(
+            conn,
+            "prune_runs",
+            {"statuses": statuses, "older_than_seconds": seconds, "batch": batch},
+        )
+        requests = 0
+        if seconds:
+            requests = await self._delete_batches(
+                conn,
+                "prune_requests",
+                {"older_than_seconds": min(seconds), "batch": batch},
+            )
+        return runs, requests
 
     async def _delete_batches(
         self, conn: AsyncConnection[DictRow], name: str, params: dict[str, Any]
@@ -478,31 +480,27 @@ class RunStore:
         """Returns the runs whose expired lease was reaped, or None when
         another process holds the reaper lock. Reaped runs wait out a
         backoff, so no wake-up is sent: polling finds them."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                self._sql["try_maintenance_lock"], {"lock_key": REAPER_LOCK_KEY}
-            )
-            locked = await cur.fetchone()
-            if not locked or not locked["locked"]:
+        async with (
+            self.pool.connection() as conn,
+            maintenance_lock(conn, REAPER_LOCK_KEY) as locked,
+        ):
+            if not locked:
                 return None
-            try:
-                cur = await conn.execute(
-                    self._sql["reap_expired_leases"], {"limit": limit, "run_id": None}
-                )
-                reaped = [(row["id"], RunStatus(row["status"])) for row in await cur.fetchall()]
-                # Lanes' runs one by one, each in its own transaction under
-                # its lane's lock, so the relay happens in that transaction.
-                cur = await conn.execute(self._sql["expired_lane_leases"], {"limit": limit})
-                for lane_run in await cur.fetchall():
-                    async with conn.transaction():
-                        await conn.execute(self._sql["lock_lane"], {"lane_id": lane_run["lane_id"]})
-                        cur = await conn.execute(
-                            self._sql["reap_expired_leases"],
-                            {"limit": 1, "run_id": lane_run["id"]},
-                        )
-                        reaped.extend(
-                            (row["id"], RunStatus(row["status"])) for row in await cur.fetchall()
-                        )
-                return reaped
-            finally:
-                await conn.execute(self._sql["maintenance_unlock"], {"lock_key": REAPER_LOCK_KEY})
+            cur = await conn.execute(
+                self._sql["reap_expired_leases"], {"limit": limit, "run_id": None}
+            )
+            reaped = [(row["id"], RunStatus(row["status"])) for row in await cur.fetchall()]
+            # Lanes' runs one by one, each in its own transaction under
+            # its lane's lock, so the relay happens in that transaction.
+            cur = await conn.execute(self._sql["expired_lane_leases"], {"limit": limit})
+            for lane_run in await cur.fetchall():
+                async with conn.transaction():
+                    await conn.execute(self._sql["lock_lane"], {"lane_id": lane_run["lane_id"]})
+                    cur = await conn.execute(
+                        self._sql["reap_expired_leases"],
+                        {"limit": 1, "run_id": lane_run["id"]},
+                    )
+                    reaped.extend(
+                        (row["id"], RunStatus(row["status"])) for row in await cur.fetchall()
+                    )
+            return reaped

@@ -356,19 +356,15 @@ async def sigstop_inside_a_reaper_sweep(
     raise AssertionError("never caught the worker inside a reaper sweep")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: the reaper's session-level advisory lock stays held by a paused worker,"
-    " so no other worker reaps expired leases until it resumes (see docs/reliability.md)",
-)
-async def test_paused_worker_holding_the_reaper_lock_stalls_recovery(
+async def test_paused_worker_holding_the_reaper_lock_does_not_stall_recovery(
     db_url: str, service: RunService, sql: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
     """A worker paused in the middle of a reaper sweep (a GC pause, a frozen
-    VM, SIGSTOP; or a connection black-holed then) keeps the reaper's
-    advisory lock: its own leases expire, and no other worker can reap
-    them, so its runs are stuck ``running`` for as long as the pause."""
+    VM, SIGSTOP; or a connection black-holed then) holds the reaper's
+    advisory lock. The server disconnects the frozen holder after the lock's
+    bounded idle time, so another worker reaps its expired leases and runs
+    its runs again while it is still paused (found by this test: with a
+    plain session lock the runs stayed ``running`` for the whole pause)."""
     create_ledger(sql)
     scale_backoff(sql, 0.1)
     run, _ = await service.submit("ledger", {"steps": 1000, "step_seconds": 0.05})

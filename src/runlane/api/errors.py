@@ -72,9 +72,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(psycopg.DataError)
     async def data_error(_: Request, exc: psycopg.DataError) -> JSONResponse:
-        # A value PostgreSQL cannot store or compare, e.g. a NUL character.
+        # A value PostgreSQL cannot store or compare: a NUL character or an
+        # unpaired surrogate in a string that no check before caught.
         return error_response(
-            "validation_error", "a value cannot be stored (NUL characters are not allowed)"
+            "validation_error",
+            "a value cannot be stored: text cannot hold NUL characters or unpaired surrogates",
         )
 
     @app.exception_handler(UnicodeError)

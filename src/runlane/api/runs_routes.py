@@ -14,7 +14,15 @@ from fastapi.responses import StreamingResponse
 from runlane.api.auth import Admin, Caller
 from runlane.api.context import ApiContext, owner_filter
 from runlane.api.errors import ApiError
-from runlane.api.schemas import ErrorResponse, ResumeBody, RunOut, RunPage, RunSubmission
+from runlane.api.schemas import (
+    NAME_PATTERN,
+    THREAD_PATTERN,
+    ErrorResponse,
+    ResumeBody,
+    RunOut,
+    RunPage,
+    RunSubmission,
+)
 from runlane.api.streams import run_events
 from runlane.models import RunStatus
 from runlane.store import RunCursor
@@ -90,8 +98,8 @@ async def list_runs(
     who: Caller,
     request: Request,
     status: Annotated[list[RunStatus] | None, Query()] = None,
-    agent: Annotated[str | None, Query(max_length=128)] = None,
-    thread_id: Annotated[str | None, Query(max_length=200)] = None,
+    agent: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
+    thread_id: Annotated[str | None, Query(pattern=THREAD_PATTERN, max_length=200)] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> RunPage:

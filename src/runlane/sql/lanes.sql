@@ -162,9 +162,3 @@ SET status = 'cancelled', finished_at = now(),
 WHERE id = %(run_id)s AND status = 'interrupted' AND interrupt_expires_at < now()
   AND NOT EXISTS (SELECT 1 FROM runlane.runs AS r WHERE r.resumed_from = %(run_id)s)
 RETURNING id;
-
--- name: try_recovery_lock
-SELECT pg_try_advisory_lock(%(lock_key)s) AS locked;
-
--- name: recovery_unlock
-SELECT pg_advisory_unlock(%(lock_key)s) AS unlocked;

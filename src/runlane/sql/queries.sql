@@ -359,14 +359,6 @@ UPDATE runlane.lanes
 SET paused_run_id = NULL, paused_reason = NULL, updated_at = now()
 WHERE id = %(lane_id)s AND paused_run_id = %(run_id)s;
 
--- name: try_maintenance_lock
--- Session-level, so each lane can be handled in its own short transaction
--- while one process holds the job. Released by maintenance_unlock.
-SELECT pg_try_advisory_lock(%(lock_key)s) AS locked;
-
--- name: maintenance_unlock
-SELECT pg_advisory_unlock(%(lock_key)s) AS unlocked;
-
 -- name: worker_stopped
 UPDATE runlane.workers SET stopped_at = now(), running = 0 WHERE id = %(worker_id)s;
 
