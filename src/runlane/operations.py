@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlane.errors import InvalidInput
+from runlane.errors import InvalidInput, RunlaneError
 from runlane.models import Run, RunStatus
 from runlane.service import RunService
 from runlane.store import RunStore
@@ -81,8 +81,8 @@ class Operations:
         for run in candidates:
             try:
                 done.append(await self.runs.requeue(run.id))
-            except Exception as exc:  # one refusal never stops the batch
-                refused.append((run, getattr(exc, "code", type(exc).__name__)))
+            except RunlaneError as exc:  # one refusal never stops the batch
+                refused.append((run, exc.code))
         return done, refused
 
     async def prune(self, older_than_seconds: float | None = None) -> tuple[int, int]:

@@ -27,6 +27,10 @@ from runlane.queries import named_queries
 REAPER_LOCK_KEY = 0x726C5F7265617065
 PRUNER_LOCK_KEY = 0x726C5F7072756E
 
+# How long a stopped or gone worker stays listed before the pruner deletes
+# its row.
+WORKER_FORGET_SECONDS = 3600.0
+
 
 def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
@@ -317,7 +321,12 @@ class RunStore:
         await self._fetch_all("worker_stopped", {"worker_id": worker_id})
 
     async def list_workers(self, *, alive_seconds: float) -> list[DictRow]:
-        return await self._fetch_all("list_workers", {"alive_seconds": float(alive_seconds)})
+        """Workers alive, and those that stopped or went silent within the
+        last WORKER_FORGET_SECONDS (the pruner deletes older ones)."""
+        return await self._fetch_all(
+            "list_workers",
+            {"alive_seconds": float(alive_seconds), "forget_seconds": WORKER_FORGET_SECONDS},
+        )
 
     async def prune(
         self,
@@ -359,6 +368,9 @@ class RunStore:
                 "prune_requests",
                 {"older_than_seconds": min(seconds), "batch": batch},
             )
+        await self._delete_batches(
+            conn, "prune_workers", {"forget_seconds": WORKER_FORGET_SECONDS, "batch": batch}
+        )
         return runs, requests
 
     async def _delete_batches(

@@ -199,3 +199,32 @@ async def test_worker_metrics_are_served(service: RunService, settings: Settings
 async def _ended(service: RunService, *run_ids: Any) -> bool:
     runs = [await service.get(run_id) for run_id in run_ids]
     return all(run.status.is_terminal for run in runs)
+
+
+async def test_gone_and_stopped_workers_are_listed_then_forgotten(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # Three registry rows as workers leave them: one heartbeating, one that
+    # went silent (killed), one shut down cleanly; then the last two age.
+    sql.execute(
+        "INSERT INTO runlane.workers (id, hostname, pid, concurrency, last_seen_at, stopped_at)"
+        " VALUES ('h:1:a', 'h', 1, 4, now(), NULL),"
+        " ('h:2:b', 'h', 2, 4, now() - interval '5 minutes', NULL),"
+        " ('h:3:c', 'h', 3, 4, now() - interval '5 minutes', now() - interval '5 minutes')"
+    )
+    ops = Operations(service)
+    states = {w["id"]: (w["alive"], w["stopped_at"] is not None) for w in await ops.workers()}
+    assert states == {"h:1:a": (True, False), "h:2:b": (False, False), "h:3:c": (False, True)}
+    # The pruner keeps them while they are recent ...
+    await store.prune({RunStatus.COMPLETED: 86400}, exclusive=True)
+    assert sql.execute("SELECT count(*) FROM runlane.workers").fetchone() == (3,)
+    # ... and deletes them, gone or stopped, an hour after they were last seen.
+    sql.execute(
+        "UPDATE runlane.workers SET last_seen_at = now() - interval '61 minutes',"
+        " stopped_at = CASE WHEN stopped_at IS NULL THEN NULL"
+        " ELSE now() - interval '61 minutes' END WHERE id <> 'h:1:a'"
+    )
+    assert {w["id"] for w in await ops.workers()} == {"h:1:a"}
+    await store.prune({RunStatus.COMPLETED: 86400}, exclusive=True)
+    rows = sql.execute("SELECT id FROM runlane.workers").fetchall()
+    assert rows == [("h:1:a",)]

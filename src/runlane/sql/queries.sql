@@ -370,8 +370,21 @@ SELECT w.*, (w.stopped_at IS NULL AND w.last_seen_at > now() - make_interval(sec
                  WHERE r.worker_id = w.id AND r.status IN ('running', 'cancel_requested')),
                 '{}') AS run_ids
 FROM runlane.workers AS w
-WHERE w.stopped_at IS NULL OR w.stopped_at > now() - interval '1 hour'
+WHERE coalesce(w.stopped_at, w.last_seen_at) > now() - make_interval(secs => %(forget_seconds)s)
 ORDER BY w.started_at;
+
+-- name: prune_workers
+-- Workers that stopped, or stopped heartbeating (gone), longer ago than
+-- forget_seconds: list_workers no longer shows them. A gone worker's runs
+-- were taken back by the reaper long before.
+WITH doomed AS (
+    SELECT id FROM runlane.workers
+    WHERE coalesce(stopped_at, last_seen_at) < now() - make_interval(secs => %(forget_seconds)s)
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM runlane.workers AS w USING doomed WHERE w.id = doomed.id
+RETURNING w.id;
 
 -- name: prune_runs
 -- One batch of finished runs older than the cutoff for their status; their
