@@ -5,7 +5,7 @@ answer is a server error and every answer matches the documented schema.
 schemathesis calls the API with blocking ``requests``, so the server (uvicorn
 on a free port, as in production) runs on its own event loop in a thread.
 Each operation is exercised three ways, each with at most MAX_EXAMPLES
-generated requests:
+generated requests (LONG_MAX_EXAMPLES with ``pytest --long``):
 
 - ``positive``: schema-valid requests, plus the documented examples;
 - ``negative``: requests that break the schema;
@@ -55,6 +55,8 @@ from tests.conftest import database_url
 # Generated requests per operation and mode (the documented examples come on
 # top); the whole module stays under a minute.
 MAX_EXAMPLES = 25
+# With `pytest --long` (the fault suite's large sizes, issue 7).
+LONG_MAX_EXAMPLES = 250
 
 AGENT = "support-bot"
 
@@ -248,7 +250,9 @@ def strategies_for(
     return found
 
 
-def check_operation(api: LiveApi, method: str, path: str, mode: str) -> list[int]:
+def check_operation(
+    api: LiveApi, method: str, path: str, mode: str, max_examples: int = MAX_EXAMPLES
+) -> list[int]:
     """Sends the generated requests of one operation and validates every
     answer; returns the statuses answered."""
     operation = load_schema(api)[path][method]
@@ -257,7 +261,7 @@ def check_operation(api: LiveApi, method: str, path: str, mode: str) -> list[int
     with requests.Session() as session:
 
         @hypothesis.settings(
-            max_examples=MAX_EXAMPLES,
+            max_examples=max_examples,
             deadline=None,
             database=None,
             derandomize=True,
@@ -300,9 +304,11 @@ def cases() -> list[Any]:
 
 @pytest.mark.parametrize(("method", "path", "mode"), cases())
 def test_operation_matches_its_openapi_document(
-    live_api: LiveApi, method: str, path: str, mode: str
+    live_api: LiveApi, method: str, path: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    statuses = check_operation(live_api, method, path, mode)
+    long_mode = bool(request.config.getoption("--long"))
+    examples = LONG_MAX_EXAMPLES if long_mode else MAX_EXAMPLES
+    statuses = check_operation(live_api, method, path, mode, examples)
     assert statuses
     if mode == "existing":
         # The seeded objects were found: not every answer is a 404.

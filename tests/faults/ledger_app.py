@@ -102,6 +102,19 @@ CREATE TRIGGER runs_log_lease
 """
 
 
+def worker_env(*, lease_seconds: float, concurrency: int) -> dict[str, str]:
+    """The settings of the fault tests' worker processes: short leases, a
+    busy reaper, no priority aging (so claims follow submission order)."""
+    return {
+        "RUNLANE_LEASE_SECONDS": str(lease_seconds),
+        "RUNLANE_HEARTBEAT_SECONDS": "0.5",
+        "RUNLANE_POLL_SECONDS": "0.2",
+        "RUNLANE_REAPER_INTERVAL_SECONDS": "0.3",
+        "RUNLANE_PRIORITY_AGING_SECONDS": "0",
+        "LEDGER_CONCURRENCY": str(concurrency),
+    }
+
+
 def create_ledger(conn: psycopg.Connection[Any]) -> None:
     """Creates the ledger tables and the lease-log trigger (idempotent)."""
     conn.execute(LEDGER_SCHEMA)

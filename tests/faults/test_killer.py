@@ -37,19 +37,12 @@ import pytest
 
 from runlane.errors import LaneRefused
 from runlane.lane_service import LaneService
-from tests.faults.ledger_app import create_ledger, scale_backoff, start_worker
+from tests.faults.ledger_app import create_ledger, scale_backoff, start_worker, worker_env
 from tests.support import wait_until
 
 WORKERS = 4
 LEASE_SECONDS = 2.0
-WORKER_ENV = {
-    "RUNLANE_LEASE_SECONDS": str(LEASE_SECONDS),
-    "RUNLANE_HEARTBEAT_SECONDS": "0.5",
-    "RUNLANE_POLL_SECONDS": "0.2",
-    "RUNLANE_REAPER_INTERVAL_SECONDS": "0.3",
-    "RUNLANE_PRIORITY_AGING_SECONDS": "0",
-    "LEDGER_CONCURRENCY": "10",
-}
+WORKER_ENV = worker_env(lease_seconds=LEASE_SECONDS, concurrency=10)
 TENANT, USER, AGENT = "chaos", "u", "ledger"
 ACTIVE = ("pending", "running", "cancel_requested")
 # Runs with this many attempts are never exhausted by kills in practice.

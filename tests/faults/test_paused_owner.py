@@ -26,18 +26,11 @@ from runlane.lane_service import LaneService
 from runlane.models import Outcome
 from runlane.service import RunService
 from runlane.store import REAPER_LOCK_KEY, RunStore
-from tests.faults.ledger_app import create_ledger, scale_backoff, start_worker
+from tests.faults.ledger_app import create_ledger, scale_backoff, start_worker, worker_env
 from tests.support import wait_until
 
 LEASE_SECONDS = 4.0
-WORKER_ENV = {
-    "RUNLANE_LEASE_SECONDS": str(LEASE_SECONDS),
-    "RUNLANE_HEARTBEAT_SECONDS": "0.5",
-    "RUNLANE_POLL_SECONDS": "0.2",
-    "RUNLANE_REAPER_INTERVAL_SECONDS": "0.3",
-    "RUNLANE_PRIORITY_AGING_SECONDS": "0",
-    "LEDGER_CONCURRENCY": "4",
-}
+WORKER_ENV = worker_env(lease_seconds=LEASE_SECONDS, concurrency=4)
 # Advisory locks held in this test's database (maintenance jobs hold one
 # while they work).
 ADVISORY_LOCKS = """
