@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+import select
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, OperationalError
+from psycopg.pq import ConnStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -48,16 +51,47 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
     await conn.set_autocommit(True)
 
 
+async def check_without_round_trip(conn: AsyncConnection[DictRow]) -> None:
+    """A checkout check that costs no round trip in the common case. A
+    healthy idle connection has nothing to read; one the server closed while
+    it sat idle (a restart, an idle timeout, a killed backend) has the
+    server's last message or EOF waiting on its socket. Only then is the
+    connection tested for real (which fails, so the pool replaces it). A peer
+    that vanished without closing is caught by the TCP keepalives and
+    timeouts of ``CONNECT_OPTIONS`` instead."""
+    if conn.closed or conn.pgconn.status != ConnStatus.OK:
+        raise OperationalError("the connection is closed")
+    if _readable(conn.pgconn.socket):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 def create_pool(
-    url: str, *, min_size: int = 1, max_size: int = 10, check: bool = True
+    url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    check: bool | Literal["quiet"] = True,
 ) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
     """A connection pool (not yet opened) whose rows are dicts.
 
     With ``check`` each checkout first tests the connection, so that a
     connection broken while idle (a server restart) is replaced instead of
-    failing a caller's request. The worker turns it off: it retries every
-    transient error itself, and the check would cost a round trip per
-    statement on its hot path."""
+    failing a caller's request; ``"quiet"`` does so without a round trip
+    (``check_without_round_trip``; the API's pool). The worker turns it off:
+    it retries every transient error itself."""
+    checker: Callable[[AsyncConnection[DictRow]], Awaitable[None]] | None = None
+    if check == "quiet":
+        checker = check_without_round_trip
+    elif check:
+        checker = AsyncConnectionPool.check_connection
     return AsyncConnectionPool(
         url,
         min_size=min_size,
@@ -65,6 +99,6 @@ def create_pool(
         open=False,
         kwargs={"row_factory": dict_row, **CONNECT_OPTIONS},
         configure=_configure,
-        check=AsyncConnectionPool.check_connection if check else None,
+        check=checker,
         connection_class=AsyncConnection[DictRow],
     )

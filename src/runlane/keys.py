@@ -2,6 +2,12 @@
 
 A key is shown once, when created; only its sha256 is stored. Keys are 32
 random bytes, so a fast hash is enough (nothing to brute-force).
+
+With ``cache_seconds`` (the API's ``RUNLANE_API_KEY_CACHE_SECONDS``), a key
+found valid is trusted for that long without asking the database again: a
+key revoked by another process stops working within that time (one revoked
+through this ``KeyStore`` stops at once). Unknown and revoked keys are
+never cached.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +29,8 @@ from runlane.errors import InvalidInput, NotFound
 from runlane.queries import named_queries
 
 KEY_PREFIX = "rl_"
+# Keys remembered at most per process (a bound, not a tuning knob).
+CACHE_LIMIT = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$")
 
 
@@ -60,8 +69,14 @@ def hash_key(key: str) -> str:
 
 
 class KeyStore:
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[AsyncConnection[DictRow]], *, cache_seconds: float = 0.0
+    ) -> None:
         self.pool = pool
+        self.cache_seconds = cache_seconds
+        # key hash -> (monotonic expiry, principal)
+        self._cache: dict[str, tuple[float, Principal]] = {}
+        self.lookups = 0
         self._sql = named_queries("keys.sql")
 
     async def create(
@@ -95,12 +110,30 @@ class KeyStore:
         """The principal of a valid, unrevoked key; None otherwise."""
         if not presented.startswith(KEY_PREFIX) or len(presented) > 200:
             return None
+        key_hash = hash_key(presented)
+        cached = self._cache.get(key_hash)
+        if cached is not None:
+            if cached[0] > time.monotonic():
+                return cached[1]
+            del self._cache[key_hash]
+        self.lookups += 1
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                self._sql["find_active_key"], {"key_hash": hash_key(presented)}
-            )
+            cur = await conn.execute(self._sql["find_active_key"], {"key_hash": key_hash})
             row = await cur.fetchone()
-        return ApiKey.from_row(row).principal if row else None
+        if row is None:
+            return None
+        principal = ApiKey.from_row(row).principal
+        if self.cache_seconds > 0:
+            self._remember(key_hash, principal)
+        return principal
+
+    def _remember(self, key_hash: str, principal: Principal) -> None:
+        now = time.monotonic()
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+        self._cache[key_hash] = (now + self.cache_seconds, principal)
 
     async def list(self, *, tenant: str | None = None) -> list[ApiKey]:
         async with self.pool.connection() as conn:
@@ -113,4 +146,5 @@ class KeyStore:
             row = await cur.fetchone()
         if row is None:
             raise NotFound(f"no key {prefix!r}")
+        self._cache.pop(row["key_hash"], None)
         return ApiKey.from_row(row)

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=1024 * 1024, gt=0, description="The HTTP API's cap on a request body."
     )
+    api_key_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long the HTTP API trusts an API key it looked up, per process; a key"
+        " revoked elsewhere stops working within this long (0: look every key up).",
+    )
     priority_aging_seconds: float = Field(
         default=10.0,
         ge=0,

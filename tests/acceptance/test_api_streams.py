@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from runlane import App, RunContext
+from runlane import App, RunContext, event_hub
 from runlane.keys import KeyStore
 from runlane.models import RunStatus
 from runlane.service import RunService
@@ -191,6 +192,69 @@ async def test_two_hundred_subscribers_share_one_listening_connection(
     assert api.context.hub.subscriber_count == 0
 
 
+async def test_subscribers_of_one_run_share_one_read_per_notification(
+    api: ApiServer, key: str, service: RunService, settings: Settings
+) -> None:
+    gate = asyncio.Event()
+    run, _ = await service.submit("talker", {}, user_id="ann", tenant="acme")
+    hub = api.context.hub
+    limits = httpx.Limits(max_connections=250, max_keepalive_connections=250)
+    async with api.client(key, limits=limits) as client:
+        readers = [
+            asyncio.create_task(collect(client, f"/v1/runs/{run.id}/events")) for _ in range(200)
+        ]
+        await wait_until(lambda: hub.subscriber_count == 200, timeout=30, message="subscribers")
+        reads, notifications = hub.reads, hub.notifications
+        started = time.monotonic()
+        gate.set()
+        async with running_worker(streaming_app(settings, gate), settings):
+            results = await asyncio.wait_for(asyncio.gather(*readers), 60)
+        elapsed = time.monotonic() - started
+    for events in results:
+        assert [e.data["data"]["i"] for e in events[:-1]] == list(range(20))
+        assert events[-1].event == "end"
+    # 20 events and the final status: 21 notifications for this run, each
+    # read once for all 200 subscribers (reading per subscriber would be
+    # 200 per notification). Besides, at most one periodic re-read per
+    # topic per half re-read interval.
+    run_notifications = hub.notifications - notifications
+    assert run_notifications >= 21
+    periodic = 2 + elapsed / (hub.reread_seconds / 2)
+    assert hub.reads - reads <= run_notifications + periodic
+
+
+async def test_streams_behind_the_topic_window_replay_by_pages(
+    api: ApiServer,
+    key: str,
+    service: RunService,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A small window and page, so that 20 events overflow both.
+    monkeypatch.setattr(event_hub, "PAGE", 4)
+    monkeypatch.setattr(event_hub, "WINDOW", 6)
+    gate = asyncio.Event()
+    run, _ = await service.submit("talker", {}, user_id="ann", tenant="acme")
+    async with running_worker(streaming_app(settings, gate), settings), api.client(key) as client:
+        live = asyncio.create_task(collect(client, f"/v1/runs/{run.id}/events"))
+        await wait_until(lambda: _last_seq(service, run.id, 10), message="first half")
+        topic = api.context.hub.run_topic(run.id)
+        # The window moved past the start: the late subscribers below 4 replay by pages.
+        await wait_until(lambda: topic.floor >= 4, message="the window moved on")
+        late = [
+            asyncio.create_task(collect(client, f"/v1/runs/{run.id}/events", **kwargs))
+            for kwargs in ({}, {"headers": {"Last-Event-ID": "2"}}, {"params": {"after_seq": 9}})
+        ]
+        await wait_until(lambda: api.context.hub.subscriber_count == 4, message="subscribers")
+        gate.set()
+        results = await asyncio.wait_for(asyncio.gather(live, *late), 30)
+    firsts = [0, 0, 2, 9]
+    for first, events in zip(firsts, results, strict=True):
+        assert [int(e.id or 0) for e in events[:-1]] == list(range(first + 1, 21))
+        assert [e.data["data"]["i"] for e in events[:-1]] == list(range(first, 20))
+        assert events[-1].event == "end" and events[-1].data["status"] == "completed"
+
+
 async def test_a_lost_notify_only_delays_events(
     api: ApiServer, key: str, service: RunService, settings: Settings
 ) -> None:
@@ -203,6 +267,25 @@ async def test_a_lost_notify_only_delays_events(
         async with running_worker(streaming_app(settings, gate, count=5), settings):
             events = await asyncio.wait_for(reader, 30)
     assert [e.event for e in events] == ["token"] * 5 + ["end"]
+
+
+async def test_without_notify_every_subscriber_of_a_run_still_gets_every_event(
+    api: ApiServer, key: str, service: RunService, settings: Settings
+) -> None:
+    gate = asyncio.Event()
+    gate.set()
+    run, _ = await service.submit("talker", {}, user_id="ann", tenant="acme")
+    await api.context.hub.stop()  # no NOTIFY reaches the API any more
+    async with api.client(key) as client:
+        readers = [
+            asyncio.create_task(collect(client, f"/v1/runs/{run.id}/events")) for _ in range(5)
+        ]
+        await wait_until(lambda: api.context.hub.subscriber_count == 5, message="subscribers")
+        async with running_worker(streaming_app(settings, gate, count=5), settings):
+            results = await asyncio.wait_for(asyncio.gather(*readers), 30)
+    for events in results:
+        assert [e.event for e in events] == ["token"] * 5 + ["end"]
+        assert [int(e.id or 0) for e in events[:-1]] == [1, 2, 3, 4, 5]
 
 
 async def test_request_stream_shows_positions_then_the_run(

@@ -17,6 +17,7 @@ from runlane.models import RunStatus
 from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.store import RunStore
+from tests.api_support import create_key, serve_api
 from tests.conftest import database_url
 from tests.faults.fault_app import app
 from tests.support import embedded_test_server, running_worker, wait_until
@@ -91,6 +92,47 @@ async def test_worker_survives_a_postgres_restart_mid_run(
                 assert sorted({e.data["step"] for e in events}) == list(range(30))
     finally:
         await pool.close()
+
+
+async def test_the_api_serves_again_after_a_postgres_restart_without_a_retry(
+    own_server: tuple[EmbeddedPostgres, str],
+) -> None:
+    """The API's pool checks a checkout without a round trip: connections
+    the restart closed while idle are replaced, not handed to requests."""
+    server, url = own_server
+    settings = Settings(database_url=url, api_key_cache_seconds=0)
+    async with serve_api(settings, keepalive_seconds=0.5) as api:
+        secret = await create_key(api.context.keys, "acme", "ann")
+        async with api.client(secret) as client:
+
+            async def submit(thread: str) -> dict[str, Any]:
+                response = await client.post(
+                    f"/v1/threads/{thread}/requests", json={"agent": "safe", "input": {}}
+                )
+                assert response.status_code == 201, response.text
+                body: dict[str, Any] = response.json()
+                return body
+
+            # Fill the pool with idle connections.
+            await asyncio.gather(*(submit(f"before-{i}") for i in range(8)))
+            await asyncio.wait_for(api.context.hub.listener.connected.wait(), 10)
+
+            started_before = _postmaster_start(url)
+            await asyncio.to_thread(server.stop, "fast")
+            await asyncio.to_thread(server.start)
+            assert _postmaster_start(url) > started_before
+
+            # Every request after the restart succeeds at its first try.
+            after = await asyncio.gather(*(submit(f"after-{i}") for i in range(8)))
+            assert all(body["status"] == "dispatched" for body in after)
+            listed = await client.get("/v1/runs", params={"limit": 100})
+            assert listed.status_code == 200 and len(listed.json()["items"]) == 16
+            # The event hub's listener is back too.
+            await wait_until(
+                lambda: api.context.hub.listener.connected.is_set(),
+                timeout=30,
+                message="listener reconnected",
+            )
 
 
 def _postmaster_start(url: str) -> Any:

@@ -20,7 +20,13 @@ def test_a_name_defined_twice_is_an_error() -> None:
 
 @pytest.mark.parametrize(
     ("file_name", "module_name"),
-    [("queries.sql", "runlane.store"), ("lanes.sql", "runlane.lane_store")],
+    [
+        ("queries.sql", "runlane.store"),
+        ("lanes.sql", "runlane.lane_store"),
+        ("keys.sql", "runlane.keys"),
+        ("streams.sql", "runlane.event_hub"),
+        ("maintenance.sql", "runlane.maintenance_lock"),
+    ],
 )
 def test_each_shipped_query_is_used_by_its_data_access_module(
     file_name: str, module_name: str

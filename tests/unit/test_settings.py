@@ -33,3 +33,12 @@ def test_nonsense_values_are_refused() -> None:
         Settings(max_attempts=0)
     with pytest.raises(ValidationError):
         Settings(lease_seconds=-1)
+
+
+def test_the_api_key_cache_is_short_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RUNLANE_API_KEY_CACHE_SECONDS", raising=False)
+    assert Settings().api_key_cache_seconds == 2
+    monkeypatch.setenv("RUNLANE_API_KEY_CACHE_SECONDS", "0")
+    assert Settings().api_key_cache_seconds == 0
+    with pytest.raises(ValidationError):
+        Settings(api_key_cache_seconds=-1)

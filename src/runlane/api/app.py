@@ -51,9 +51,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = create_pool(url, min_size=2, max_size=pool_size)
+        # Checkouts are checked without a round trip (a connection the
+        # server closed while idle is replaced, not handed to a request).
+        pool = create_pool(url, min_size=2, max_size=pool_size, check="quiet")
         await pool.open(wait=False)
-        hub = EventHub(url)
+        hub = EventHub(url, pool)
         runs = RunService(RunStore(pool), settings)
         context = ApiContext(
             settings=settings,
@@ -61,7 +63,7 @@ def create_app(
             pool=pool,
             runs=runs,
             lanes=LaneService(LaneStore(pool), runs),
-            keys=KeyStore(pool),
+            keys=KeyStore(pool, cache_seconds=settings.api_key_cache_seconds),
             hub=hub,
             metrics=ApiMetrics(lambda: hub.subscriber_count),
             agents=agents,

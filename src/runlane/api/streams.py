@@ -3,6 +3,8 @@
 Each stream subscribes to the process's EventHub (one LISTEN connection
 for all subscribers) and reads the tables after every wake-up, and at
 least every few seconds in any case: the tables are the source of truth.
+A run's stream reads through its topic, once per wake-up for all of that
+run's subscribers; a request's stream reads the request itself.
 """
 
 from __future__ import annotations
@@ -12,15 +14,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
 
-from runlane.event_hub import EventHub
+from runlane.event_hub import REREAD_SECONDS, EventHub
 from runlane.lane_service import LaneService
 from runlane.lanes import RequestStatus
 from runlane.service import RunService
-
-# A missed NOTIFY delays delivery by at most this long.
-REREAD_SECONDS = 2.0
-# Events read per query while replaying.
-PAGE = 500
 
 
 def sse(data: Any, *, event: str | None = None, event_id: int | None = None) -> str:
@@ -42,46 +39,54 @@ async def run_events(
     keepalive_seconds: float,
 ) -> AsyncIterator[str]:
     """Replays the run's events after ``after_seq``, streams new ones, and
-    ends with an ``end`` event carrying the run's final status."""
-    subscription = hub.subscribe(f"run:{run_id}")
+    ends with an ``end`` event carrying the run's final status.
+
+    The reads are the run topic's (``EventHub``): one per notification for
+    all of the run's subscribers, each a snapshot of the run and its events.
+    ``runs`` is the service the route already read the run with."""
+    del runs  # the topic reads the tables itself
+    subscription = hub.subscribe_run(run_id)
     try:
         seq = after_seq
         idle = 0.0
+        periodic = False
         while True:
-            # The run first: events are written before a terminal status, so
-            # once it is seen, the events read next are all there are.
-            run = await runs.get(run_id)
-            while True:
-                page = await runs.store.list_events(run_id, after_seq=seq, limit=PAGE)
-                for event in page:
-                    seq = event.seq
-                    yield sse(
-                        {
-                            "seq": event.seq,
-                            "kind": event.kind,
-                            "data": event.data,
-                            "attempt": event.attempt,
-                        },
-                        event=event.kind,
-                        event_id=event.seq,
-                    )
-                if len(page) < PAGE:
-                    break
-            if run.status.is_terminal:
+            batch = await subscription.feed.read(seq, periodic=periodic)
+            for event in batch.events:
+                seq = event.seq
                 yield sse(
                     {
-                        "run_id": str(run.id),
-                        "status": run.status,
-                        "outcome": run.outcome,
-                        "output": run.output,
-                        "error": run.error,
-                        "interrupt": run.interrupt,
+                        "seq": event.seq,
+                        "kind": event.kind,
+                        "data": event.data,
+                        "attempt": event.attempt,
+                    },
+                    event=event.kind,
+                    event_id=event.seq,
+                )
+            if batch.end is not None:
+                end = batch.end
+                yield sse(
+                    {
+                        "run_id": str(end.run_id),
+                        "status": end.status,
+                        "outcome": end.outcome,
+                        "output": end.output,
+                        "error": end.error,
+                        "interrupt": end.interrupt,
                     },
                     event="end",
                 )
                 return
-            woke = await subscription.wait(min(REREAD_SECONDS, keepalive_seconds))
-            idle = 0.0 if woke else idle + min(REREAD_SECONDS, keepalive_seconds)
+            if batch.gone:
+                return
+            if batch.more:
+                periodic = False
+                continue
+            wait = min(REREAD_SECONDS, keepalive_seconds)
+            woke = await subscription.wait(wait)
+            periodic = not woke
+            idle = 0.0 if woke else idle + wait
             if idle >= keepalive_seconds:
                 idle = 0.0
                 yield ": keep-alive\n\n"
