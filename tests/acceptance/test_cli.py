@@ -322,7 +322,7 @@ async def test_cancel_of_a_completed_run_is_an_error(cli: Cli, store: RunStore) 
     ("args", "env", "expected"),
     [
         (["submit", "echo", "--input", "{not json"], {}, "--input is not valid JSON"),
-        (["submit", "echo", "--input", "NaN"], {}, "input must be JSON"),
+        (["submit", "echo", "--input", "NaN"], {}, "input: numbers must be finite"),
         (["submit", "no agent!", "--input", "{}"], {}, "agent must be"),
         (["submit", "echo", "--priority", "5000"], {}, "priority must be between"),
         (["submit", "echo", "--max-seconds", "-1"], {}, "max_seconds must be a number"),
