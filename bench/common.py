@@ -225,12 +225,15 @@ def spawn(
     python: str | None = None,
     name: str | None = None,
     env_extra: dict[str, str] | None = None,
+    src: str | None = None,
 ) -> Proc:
-    """Starts ``python -m module args...`` with the repository on the path."""
+    """Starts ``python -m module args...`` with the repository on the path
+    (``src``: another checkout's ``src`` imported instead of this one's,
+    for a before/after comparison in the same rounds)."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
+        p for p in (str(ROOT), src or str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
     popen = subprocess.Popen(

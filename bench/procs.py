@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import random
 import signal
 import time
@@ -74,59 +73,6 @@ def build_app(mode: str, *, events: int = 5, event_interval: float = 1.0) -> App
     return app
 
 
-class EarlySlotWorker(Worker):
-    """An experiment, in the benchmarks only (never src/): a concurrency slot
-    frees when the handler returns instead of when its outcome is written,
-    so the next claim overlaps the outcome write. The claim loop is
-    Worker._claim_loop with that one change (``free``)."""
-
-    handlers_running = 0
-
-    def _start(self, claimed: Any, sent_at: float) -> None:
-        self.handlers_running += 1
-        super()._start(claimed, sent_at)
-
-    def handler_ended(self) -> None:
-        self.handlers_running -= 1
-        self._wake.set()
-
-    async def _claim_loop(self) -> None:
-        poll = self.settings.poll_seconds
-        while not self._stopping:
-            self._wake.clear()
-            free = self.concurrency - self.handlers_running
-            if free > 0:
-                want = min(free, self.batch_size)
-                sent_at = time.monotonic()
-                try:
-                    batch = await self.store.claim_batch(
-                        worker_id=self.worker_id,
-                        limit=want,
-                        lease_seconds=self.settings.lease_seconds,
-                        agents=self.agents,
-                        aging_seconds=self.settings.priority_aging_seconds,
-                    )
-                except Exception:
-                    logging.exception("claim failed; retrying")
-                    await self._sleep_or_wake(poll)
-                    continue
-                for claimed in batch:
-                    self._start(claimed, sent_at)
-                if len(batch) == want:
-                    continue
-            await self._sleep_or_wake(poll)
-
-
-def releasing_slot(handler: Any, worker: list[EarlySlotWorker]) -> Any:
-    async def wrapped(ctx: RunContext) -> Any:
-        try:
-            return await handler(ctx)
-        finally:
-            worker[0].handler_ended()
-
-    return wrapped
-
-
 async def serve(args: argparse.Namespace) -> None:
     settings = Settings(
         database_url=args.url,
@@ -137,19 +83,13 @@ async def serve(args: argparse.Namespace) -> None:
         shutdown_grace_seconds=1.0,
     )
     app = build_app(args.mode, events=args.events, event_interval=args.event_interval)
-    early = os.environ.get("RUNLANE_BENCH_EXPERIMENT") == "free-slot-early"
-    holder: list[EarlySlotWorker] = []
-    if early:
-        app.agents[AGENT] = releasing_slot(app.agents[AGENT], holder)
-    worker = (EarlySlotWorker if early else Worker)(
+    worker = Worker(
         app,
         args.url,
         concurrency=args.concurrency,
         settings=settings,
         listen=not args.no_listen,
     )
-    if isinstance(worker, EarlySlotWorker):
-        holder.append(worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -94,8 +94,15 @@ def spawn_worker(
     extra: Sequence[str] = (),
     profile: str | None = None,
     env: dict[str, str] | None = None,
+    src: str | None = None,
 ) -> Proc:
     args = worker_args(url, concurrency, mode=mode, extra=extra)
     if profile:
         args += ["--profile", profile]
-    return spawn("bench.procs", args, name=f"runlane worker c={concurrency} {mode}", env_extra=env)
+    return spawn(
+        "bench.procs",
+        args,
+        name=f"runlane worker c={concurrency} {mode}",
+        env_extra=env,
+        src=src,
+    )

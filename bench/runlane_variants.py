@@ -10,13 +10,16 @@ change the benchmark database or the worker's settings, never src/.
 - ``runlane-no-aging``: the worker runs with priority aging off
   (``RUNLANE_PRIORITY_AGING_SECONDS=0``), so ``runlane.claim_runs`` reads
   one candidate list instead of two.
-- ``runlane-free-slot-early``: the worker (``bench.procs.EarlySlotWorker``)
-  frees a concurrency slot when the handler returns rather than when the
-  outcome is written, so claiming overlaps the outcome write.
+- (``runlane-free-slot-early``, an experiment of 2026-11-30 that freed a
+  slot when the handler returned, is gone: the worker does that now.)
+- ``runlane-baseline``: the worker of another checkout
+  (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
+  measured in the same rounds.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
@@ -26,12 +29,28 @@ from bench.common import Proc
 
 
 class Variant:
-    def __init__(self, name: str, *, sql: str | None = None, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        *,
+        sql: str | None = None,
+        env: dict[str, str] | None = None,
+        src_env: str | None = None,
+    ):
         self.NAME = name
         self._sql = sql
         self._env = env
+        # The name of an environment variable holding another checkout's
+        # src/ whose runlane the worker imports (a before/after comparison).
+        self._src_env = src_env
+
+    @property
+    def _src(self) -> str | None:
+        return os.environ.get(self._src_env) if self._src_env else None
 
     def available(self) -> str | None:
+        if self._src_env and not self._src:
+            return f"set {self._src_env} to the src/ of the checkout to compare with"
         return None
 
     def setup(self, url: str) -> None:
@@ -53,7 +72,7 @@ class Variant:
         return runlane_system.window(url)
 
     def spawn_worker(self, url: str, concurrency: int, **kwargs: Any) -> Proc:
-        return runlane_system.spawn_worker(url, concurrency, env=self._env, **kwargs)
+        return runlane_system.spawn_worker(url, concurrency, env=self._env, src=self._src, **kwargs)
 
 
 VARIANTS = {
@@ -62,7 +81,8 @@ VARIANTS = {
         sql="ALTER TABLE runlane.runs DISABLE TRIGGER runs_notify_status",
     ),
     "runlane-no-aging": Variant("runlane-no-aging", env={"RUNLANE_PRIORITY_AGING_SECONDS": "0"}),
-    "runlane-free-slot-early": Variant(
-        "runlane-free-slot-early", env={"RUNLANE_BENCH_EXPERIMENT": "free-slot-early"}
-    ),
+    # The same worker from another checkout, in the same rounds:
+    # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
+    # /tmp/runlane-base <commit>`).
+    "runlane-baseline": Variant("runlane-baseline", src_env="RUNLANE_BENCH_BASELINE_SRC"),
 }

@@ -3,6 +3,8 @@
 Outcomes that arrive while a batch is being written go into the next one,
 so a busy worker writes many completions per round trip and an idle one
 writes each at once. Each outcome stays fenced by its own lease token.
+Lanes' runs join the same batches: the batch's transaction locks their
+lanes first, in id order (``RunStore.finish_attempts_status``).
 """
 
 from __future__ import annotations
@@ -13,24 +15,31 @@ import logging
 import psycopg
 
 from runlane.context import TRANSIENT_ERRORS
-from runlane.models import Run
+from runlane.models import RunStatus
 from runlane.store import Finish, RunStore
 
 logger = logging.getLogger(__name__)
+
+Pending = tuple[Finish, asyncio.Future[RunStatus | None]]
 
 
 class CompletionBatcher:
     def __init__(self, store: RunStore, *, max_batch: int = 200) -> None:
         self._store = store
         self._max_batch = max_batch
-        self._pending: list[tuple[Finish, asyncio.Future[Run | None]]] = []
+        self._pending: list[Pending] = []
         self._writer: asyncio.Task[None] | None = None
         self.batches = 0
 
-    async def finish(self, finish: Finish) -> Run | None:
-        """Writes the outcome (in some batch); the run as it now is, or None
+    @property
+    def pending(self) -> int:
+        """Outcomes waiting for their batch (the one being written excluded)."""
+        return len(self._pending)
+
+    async def finish(self, finish: Finish) -> RunStatus | None:
+        """Writes the outcome (in some batch); the run's new status, or None
         when the token no longer held the lease."""
-        future: asyncio.Future[Run | None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[RunStatus | None] = asyncio.get_running_loop().create_future()
         self._pending.append((finish, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_pending(), name="runlane-completions")
@@ -43,10 +52,10 @@ class CompletionBatcher:
             del self._pending[: self._max_batch]
             await self._write(batch)
 
-    async def _write(self, batch: list[tuple[Finish, asyncio.Future[Run | None]]]) -> None:
+    async def _write(self, batch: list[Pending]) -> None:
         self.batches += 1
         try:
-            finished = await self._store.finish_attempts([finish for finish, _ in batch])
+            finished = await self._store.finish_attempts_status([finish for finish, _ in batch])
         except TRANSIENT_ERRORS as exc:
             # Each caller retries on its own while its lease lasts.
             _fail(batch, exc)
@@ -67,7 +76,7 @@ class CompletionBatcher:
                     future.set_result(finished.get(finish.run_id))
 
 
-def _fail(batch: list[tuple[Finish, asyncio.Future[Run | None]]], exc: BaseException) -> None:
+def _fail(batch: list[Pending], exc: BaseException) -> None:
     for _, future in batch:
         if not future.done():
             future.set_exception(exc)

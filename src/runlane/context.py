@@ -141,8 +141,7 @@ class RunContext:
         requested, its deadline passed, a steer arrived in its lane, or the
         worker is shutting down. Call it before each model call and after a
         model turn that called no tools; never in the middle of a tool call."""
-        if self._lease_lost:
-            raise LeaseLost(f"run {self.run_id}: lease lost")
+        self._check_lease()
         if self._cancel_requested.is_set():
             raise RunCancelled(f"run {self.run_id}: cancel requested")
         left = self.seconds_left
@@ -215,8 +214,7 @@ class RunContext:
             return recorded  # type: ignore[no-any-return]
         # Not a safe point (a tool call may be half way through its turn):
         # only a lost lease stops it here, as its result could not be kept.
-        if self._lease_lost:
-            raise LeaseLost(f"run {self.run_id}: lease lost")
+        self._check_lease()
         value = effect()
         result = await value if inspect.isawaitable(value) else value
         owned, recorded = await self._fenced(
@@ -227,6 +225,14 @@ class RunContext:
         return recorded  # type: ignore[no-any-return]
 
     # -- internals -----------------------------------------------------------
+
+    def _check_lease(self) -> None:
+        """Raises LeaseLost when the lease is lost, or may have expired by
+        the local monotonic clock: the watchdog stops such a run at its next
+        tick, and nothing may start before it does (after the process was
+        paused, this code can run before the watchdog's tick)."""
+        if self._lease_lost or self._lease.expired():
+            self._lost()
 
     def _lost(self) -> None:
         self._lease_lost = True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import time
 import traceback
@@ -15,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from runlane.context import TRANSIENT_ERRORS, LeaseClock, RunContext
-from runlane.models import ClaimedRun, Outcome, Run
+from runlane.json_values import json_problem
+from runlane.models import ClaimedRun, Outcome, RunStatus
 from runlane.outcomes import (
     BudgetExceeded,
     Fail,
@@ -25,6 +25,7 @@ from runlane.outcomes import (
     RunCancelled,
     ShutdownRequested,
     Steered,
+    StopRun,
 )
 from runlane.redaction import redact
 from runlane.store import Finish, RunStore
@@ -59,6 +60,7 @@ class Execution:
         claim_sent_at: float,
         metrics: WorkerMetrics | None = None,
         completions: CompletionBatcher | None = None,
+        on_handler_end: Callable[[], None] | None = None,
     ) -> None:
         self._metrics = metrics
         self._completions = completions
@@ -69,9 +71,19 @@ class Execution:
         self.context = RunContext(claimed, store, self.lease)
         self._handler = handler
         self._store = store
-        self._handler_task: asyncio.Task[Any] | None = None
+        # The handler runs in the attempt's own task (no second task per
+        # run): stop() cancels that task only while the handler runs in it,
+        # and counts its cancellations so that run() tells them from a
+        # cancellation of the task from outside (the event loop going away).
+        self._task: asyncio.Task[Any] | None = None
+        self._in_handler = False
+        self._stop_cancels = 0
+        self._on_handler_end = on_handler_end
+        self.handler_ended = False
         self.stop_reason: StopReason | None = None
-        self.final: Run | None = None
+        # The run's status once its outcome is written; None while it is
+        # not, or when the lease was lost before it could be.
+        self.final: RunStatus | None = None
         self._timers: list[asyncio.TimerHandle] = []
 
     @property
@@ -79,13 +91,24 @@ class Execution:
         return self.claimed.lease_token
 
     def stop(self, reason: StopReason) -> None:
-        """Stops the handler's work now (it sees CancelledError)."""
+        """Stops the handler's work now (it sees CancelledError). Once the
+        handler has ended, its outcome is being written: that is never
+        cancelled (it is fenced, and the lease may still be held)."""
         if self.stop_reason is None:
             self.stop_reason = reason
         if reason is StopReason.LEASE_LOST:
             self.context.mark_lease_lost()
-        if self._handler_task is not None and not self._handler_task.done():
-            self._handler_task.cancel(msg=f"runlane: {reason}")
+        task = self._task
+        if (
+            self._in_handler
+            and task is not None
+            and not task.done()
+            # Called from the handler itself: it sees the flags at its next
+            # safe point (a cancel could land in the outcome write instead).
+            and task is not asyncio.current_task()
+        ):
+            self._stop_cancels += 1
+            task.cancel(msg=f"runlane: {reason}")
 
     def stop_after(self, seconds: float, reason: StopReason) -> None:
         """Stops the handler after ``seconds`` unless it has ended by then."""
@@ -96,79 +119,116 @@ class Execution:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
+        self._end_handler()
+
+    def _end_handler(self) -> None:
+        """The handler is over (returned, raised, or never ran): frees the
+        worker's concurrency slot, once; the outcome may still be written."""
+        self._in_handler = False
+        if self.handler_ended:
+            return
+        self.handler_ended = True
+        if self._on_handler_end is not None:
+            self._on_handler_end()
 
     async def run(self) -> None:
         """Runs the attempt to its end; never raises for the handler's sake."""
         run = self.claimed.run
         if self._handler is None:
+            self._end_handler()
             await self._finish(
                 Outcome.FAILED,
                 error={"code": "unknown_agent", "message": f"no agent named {run.agent!r}"},
             )
             return
-        self._handler_task = asyncio.create_task(
-            self._handler(self.context), name=f"runlane-run-{run.id}"
-        )
-        if self._metrics is not None:
-            timer = self._metrics.handler_seconds.labels(agent=run.agent)
-            started = time.monotonic()
-            self._handler_task.add_done_callback(
-                lambda _: timer.observe(time.monotonic() - started)
-            )
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        started = time.monotonic()
+        self._in_handler = True
         try:
-            result = await asyncio.shield(self._handler_task)
-        except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                # This task itself was cancelled (the event loop is going
-                # away): stop the handler too; the lease expires and is reaped.
-                self._handler_task.cancel()
-                raise
-            if self.stop_reason is not None:
-                await self._after_stop()
-                return
-            # The handler's own code was cancelled (say, a sub-task it awaited):
-            # an ordinary failure, retried with backoff.
-            await self._finish(Outcome.RETRY, error=_exception_error(exc))
-        except Retry as exc:
+            result = await self._handler(self.context)
+        except BaseException as exc:
+            self._handler_done(run.agent, started)
+            self._raise_if_cancelled_from_outside(task, exc)
+            self._uncancel(task)
+            if isinstance(exc, asyncio.CancelledError):
+                if self.stop_reason is not None:
+                    await self._after_stop()
+                    return
+                # The handler's own code was cancelled (say, a sub-task it
+                # awaited): an ordinary failure, retried with backoff.
+            elif not isinstance(exc, Exception | StopRun):
+                raise  # KeyboardInterrupt, SystemExit
+            await self._ended_by(exc)
+            return
+        self._handler_done(run.agent, started)
+        self._raise_if_cancelled_from_outside(task, None)
+        # A stop that the handler swallowed: its cancellations are spent.
+        self._uncancel(task)
+        problem = json_problem(result)
+        if problem is not None:
+            await self._finish(
+                Outcome.FAILED,
+                error={"code": "invalid_output", "message": f"output cannot be stored: {problem}"},
+            )
+        else:
+            await self._finish(Outcome.COMPLETED, output=result)
+
+    def _handler_done(self, agent: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.observe_handler(agent, time.monotonic() - started)
+        self._end_handler()
+
+    def _raise_if_cancelled_from_outside(
+        self, task: asyncio.Task[Any], exc: BaseException | None
+    ) -> None:
+        """The attempt's task was cancelled by someone other than stop()
+        (the event loop going away), even if the handler swallowed it: the
+        attempt ends here, its outcome unwritten; the lease expires and is
+        reaped."""
+        if task.cancelling() > self._stop_cancels:
+            if isinstance(exc, asyncio.CancelledError):
+                raise exc
+            raise asyncio.CancelledError() from exc
+
+    def _uncancel(self, task: asyncio.Task[Any]) -> None:
+        for _ in range(self._stop_cancels):
+            task.uncancel()
+        self._stop_cancels = 0
+
+    async def _ended_by(self, exc: BaseException) -> None:
+        """Writes the outcome of a handler that raised ``exc``."""
+        if isinstance(exc, Retry):
             await self._finish(
                 Outcome.RETRY,
                 error={"code": "retry_requested", "message": str(exc)},
                 retry_delay_seconds=exc.delay,
             )
-        except Fail as exc:
+        elif isinstance(exc, Fail):
             await self._finish(Outcome.FAILED, error={"code": exc.code, "message": exc.message})
-        except RunCancelled:
+        elif isinstance(exc, RunCancelled):
             await self._finish(Outcome.CANCELLED)
-        except Steered:
+        elif isinstance(exc, Steered):
             await self._finish(Outcome.STEERED)
-        except Interrupted as exc:
+        elif isinstance(exc, Interrupted):
             await self._finish(
                 Outcome.INTERRUPTED, interrupt=exc.payload, interrupt_expires_in=exc.expires_in
             )
-        except BudgetExceeded as exc:
+        elif isinstance(exc, BudgetExceeded):
             await self._finish(
                 Outcome.FAILED,
                 error={"code": "budget_exceeded", "message": f"budget exceeded: {exc.what}"},
             )
-        except ShutdownRequested:
+        elif isinstance(exc, ShutdownRequested):
             await self._finish(
                 Outcome.RELEASED,
                 error={"code": "released", "message": "worker shut down at a safe point"},
             )
-        except LeaseLost:
-            logger.warning("run %s: lease lost; its work stopped", run.id)
-        except Exception as exc:
-            await self._finish(Outcome.RETRY, error=_exception_error(exc))
+        elif isinstance(exc, LeaseLost):
+            logger.warning("run %s: lease lost; its work stopped", self.run_id)
         else:
-            problem = json_problem(result)
-            if problem is not None:
-                await self._finish(
-                    Outcome.FAILED,
-                    error={"code": "invalid_output", "message": f"output is not JSON: {problem}"},
-                )
-            else:
-                await self._finish(Outcome.COMPLETED, output=result)
+            await self._finish(Outcome.RETRY, error=_exception_error(exc))
 
     async def _after_stop(self) -> None:
         if self.stop_reason is StopReason.LEASE_LOST:
@@ -205,13 +265,13 @@ class Execution:
                     retry_delay_seconds=retry_delay_seconds,
                     interrupt=interrupt,
                     interrupt_expires_in=interrupt_expires_in,
+                    lane_id=self.claimed.run.lane_id,
                 )
-                lane_id = self.claimed.run.lane_id
-                if lane_id is None and self._completions is not None:
+                if self._completions is not None:
+                    # Lanes' runs too: the batch locks their lanes first.
                     self.final = await self._completions.finish(finish)
                 else:
-                    # A lane's run ends under its lane's lock, on its own.
-                    done = await self._store.finish_attempts([finish], lane_id=lane_id)
+                    done = await self._store.finish_attempts_status([finish])
                     self.final = done.get(self.run_id)
             except TRANSIENT_ERRORS as exc:
                 if self.lease.expired():
@@ -240,20 +300,9 @@ class Execution:
                 logger.warning("run %s: lease lost before %s was recorded", self.run_id, outcome)
                 self.context.mark_lease_lost()
             elif self._metrics is not None:
-                self._metrics.finished.labels(outcome=str(outcome)).inc()
+                self._metrics.count_finished(str(outcome))
             return
         logger.warning("run %s: lease ran out before %s was recorded", self.run_id, outcome)
-
-
-def json_problem(value: Any) -> str | None:
-    """Why PostgreSQL's jsonb would refuse ``value``, or None."""
-    try:
-        encoded = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return str(exc)
-    if "\\u0000" in encoded:
-        return "NUL characters (\\u0000) cannot be stored"
-    return None
 
 
 def _exception_error(exc: BaseException) -> dict[str, Any]:

@@ -7,7 +7,7 @@ Every method is one statement (or one short transaction) from
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -62,6 +62,9 @@ class Finish:
     retry_delay_seconds: float | None = None
     interrupt: Any = None
     interrupt_expires_in: float | None = None
+    # The run's lane (None for a direct run): finish_attempts_status locks
+    # the lanes of a batch before its runs.
+    lane_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,16 +387,8 @@ class RunStore:
             if len(rows) < params["batch"]:
                 return deleted
 
-    async def finish_attempts(
-        self, finishes: Sequence[Finish], *, lane_id: int | None = None
-    ) -> dict[UUID, Run]:
-        """Fenced end of a batch of attempts in one statement. Returns the
-        runs whose token still held the lease; the others changed nothing.
-        A lane's runs (``lane_id``, one lane per call) end under the lane's
-        lock, and the relay runs in the same transaction."""
-        if not finishes:
-            return {}
-        params = {
+    def _finish_params(self, finishes: Sequence[Finish]) -> dict[str, Any]:
+        return {
             "run_ids": [f.run_id for f in finishes],
             "lease_tokens": [f.lease_token for f in finishes],
             "outcomes": [str(f.outcome) for f in finishes],
@@ -406,13 +401,46 @@ class RunStore:
             "interrupt_expires": [f.interrupt_expires_in for f in finishes],
             "notify": self.notify,
         }
-        if lane_id is None:
-            rows = await self._fetch_all("finish_attempts", params)
-        else:
-            async with self.pool.connection() as conn, conn.transaction():
-                await conn.execute(self._sql["lock_lane"], {"lane_id": lane_id})
+
+    async def finish_attempts_status(self, finishes: Sequence[Finish]) -> dict[UUID, RunStatus]:
+        """Fenced end of a batch of attempts: each ended run's new status
+        (the runs whose token still held the lease; the others changed
+        nothing). The worker's; it decodes no row.
+
+        Direct runs end in one autocommit statement. When the batch holds
+        lanes' runs (``Finish.lane_id``), one transaction first locks all
+        their lanes in id order, then ends the batch, so the relay trigger
+        of each lane runs under a lock already held: lane before run, and
+        lanes in a fixed order, as every lane writer does (no deadlock).
+        The transaction is sent as one pipeline (one round trip)."""
+        if not finishes:
+            return {}
+        params = self._finish_params(finishes)
+        lane_ids = sorted({f.lane_id for f in finishes if f.lane_id is not None})
+        async with self.pool.connection() as conn:
+            if not lane_ids:
                 cur = await conn.execute(self._sql["finish_attempts"], params)
                 rows = await cur.fetchall()
+            else:
+                async with conn.pipeline():
+                    async with conn.transaction():
+                        await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
+                        cur = await conn.execute(self._sql["finish_attempts"], params)
+                    rows = await cur.fetchall()
+        return {row["id"]: RunStatus(row["status"]) for row in rows}
+
+    async def finish_attempts(
+        self, finishes: Sequence[Finish], *, lane_id: int | None = None
+    ) -> dict[UUID, Run]:
+        """finish_attempts_status, answering the ended runs as they are right
+        after (read back in a second statement; for callers that show them).
+        ``lane_id`` marks every finish as a run of that lane."""
+        if lane_id is not None:
+            finishes = [replace(f, lane_id=lane_id) for f in finishes]
+        statuses = await self.finish_attempts_status(finishes)
+        if not statuses:
+            return {}
+        rows = await self._fetch_all("get_runs", {"run_ids": list(statuses)})
         return {row["id"]: Run.from_row(row) for row in rows}
 
     async def finish_attempt(

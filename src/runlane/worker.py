@@ -3,7 +3,10 @@
 ``Worker`` claims in batches with SKIP LOCKED when it has free capacity,
 wakes on NOTIFY and polls as a fallback, runs each attempt as an asyncio
 task (see :mod:`runlane.execution`), renews all its leases in one statement
-per tick (:mod:`runlane.heartbeat`) and runs the lease reaper. ``stop()``
+per tick (:mod:`runlane.heartbeat`) and runs the lease reaper. A
+concurrency slot frees when a handler ends; its outcome is then written in
+a batch (:mod:`runlane.completions`) while the next claim is on its way,
+and the run keeps its lease, renewed, until the outcome is written. ``stop()``
 stops claiming, lets runs reach a safe point within a grace period, then
 releases what remains.
 """
@@ -94,10 +97,25 @@ class Worker:
         self._pool = create_pool(url, min_size=2, max_size=concurrency + 3, check=False)
         self.store = RunStore(self._pool, notify=notify)
         self.completions = CompletionBatcher(self.store)
+        # Every attempt held here, from its claim until its outcome is
+        # written: the heartbeat renews all of them, also while an outcome
+        # waits for its batch. A concurrency slot frees earlier, when the
+        # handler ends, so that claiming overlaps the outcome writes; the
+        # runs held stay bounded by concurrency handlers plus at most
+        # ``concurrency`` outcomes waiting to be written.
         self.executions: dict[UUID, Execution] = {}
+        self.handlers_running = 0
+        self.max_held = 2 * concurrency
         self._tasks: dict[UUID, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._woken_by = "slot"
+        # Whether runs may be waiting: the last claim was full, or a wake-up
+        # NOTIFY came after it was sent. A handler's end claims at once only
+        # then; otherwise the outcome's write wakes the claim loop, as do
+        # NOTIFY and the poll (an empty claim there would only delay the
+        # claim that a NOTIFY, say a lane's relay, asks for).
+        self._backlog = True
+        self._notifies = 0
         self._stopping = False
         self._claim_task: asyncio.Task[None] | None = None
         self.heartbeat = Heartbeat(
@@ -115,7 +133,7 @@ class Worker:
                 url,
                 [WAKEUP_CHANNEL, CANCEL_CHANNEL, STEER_CHANNEL],
                 self._on_notify,
-                on_reconnect=self._wake.set,
+                on_reconnect=self._reconnected,
             )
             if listen
             else None
@@ -165,7 +183,12 @@ class Worker:
     async def start(self) -> None:
         await self._pool.open(wait=False)
         if self._metrics_port is not None:
-            self.metrics.serve(self._metrics_port)
+            try:
+                self.metrics.serve(self._metrics_port)
+            except BaseException:
+                # A taken port: nothing else has started; leave nothing open.
+                await self._pool.close()
+                raise
             await self.metrics.start_queue_gauges(self.store)
         await self.heartbeat.start()
         if self.listener is not None:
@@ -246,10 +269,14 @@ class Worker:
         poll = self.settings.poll_seconds
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self.executions)
+            free = min(
+                self.concurrency - self.handlers_running,
+                self.max_held - len(self.executions),
+            )
             if free > 0:
                 want = min(free, self.batch_size)
                 sent_at = time.monotonic()
+                notifies = self._notifies
                 try:
                     with self.metrics.claim_seconds.time():
                         batch = await self.store.claim_batch(
@@ -267,8 +294,10 @@ class Worker:
                         logger.warning("claim failed (%s); retrying", exc)
                     else:
                         logger.exception("claim failed; retrying")
+                    self._backlog = True
                     await self._sleep_or_wake(poll)
                     continue
+                self._backlog = len(batch) == want or self._notifies != notifies
                 for claimed in batch:
                     self._start(claimed, sent_at)
                 if len(batch) == want:
@@ -276,13 +305,20 @@ class Worker:
             await self._sleep_or_wake(poll)
 
     async def _sleep_or_wake(self, seconds: float) -> None:
+        # A timer rather than wait_for(), which would wrap each wait in a
+        # task of its own: a wake-up reaches the claim in one loop step.
+        poll = asyncio.get_running_loop().call_later(seconds, self._poll_due)
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-        except TimeoutError:
-            self.metrics.wakeups.labels(source="poll").inc()
-        else:
-            self.metrics.wakeups.labels(source=self._woken_by).inc()
+            await self._wake.wait()
+        finally:
+            poll.cancel()
+        self.metrics.wakeups.labels(source=self._woken_by).inc()
         self._woken_by = "slot"
+
+    def _poll_due(self) -> None:
+        if not self._wake.is_set():
+            self._woken_by = "poll"
+            self._wake.set()
 
     def _start(self, claimed: ClaimedRun, sent_at: float) -> None:
         self.claims += 1
@@ -296,13 +332,24 @@ class Worker:
             claim_sent_at=sent_at,
             metrics=self.metrics,
             completions=self.completions,
+            on_handler_end=self._handler_ended,
         )
         execution.context.database_url = self.url
+        self.handlers_running += 1
         self.executions[run.id] = execution
-        self.metrics.running.set(len(self.executions))
+        self.metrics.running.set(self.handlers_running)
+        self.metrics.held.set(len(self.executions))
         self._tasks[run.id] = asyncio.create_task(
             self._run(execution), name=f"runlane-attempt-{run.id}"
         )
+
+    def _handler_ended(self) -> None:
+        """An attempt's handler is over (its outcome may still be on its
+        way to the database): its concurrency slot is free."""
+        self.handlers_running -= 1
+        self.metrics.running.set(self.handlers_running)
+        if self._backlog:
+            self._wake.set()
 
     async def _run(self, execution: Execution) -> None:
         try:
@@ -310,13 +357,14 @@ class Worker:
         except Exception:
             logger.exception("run %s: unexpected error in the worker", execution.run_id)
         finally:
+            # Frees the slot too if run() ended without the handler's end.
             execution.close()
             # The same run may already be claimed again by this worker (a
             # retry with no delay): only forget this attempt's own entry.
             if self.executions.get(execution.run_id) is execution:
                 del self.executions[execution.run_id]
                 self._tasks.pop(execution.run_id, None)
-            self.metrics.running.set(len(self.executions))
+            self.metrics.held.set(len(self.executions))
             self._wake.set()
 
     # -- notices -------------------------------------------------------------
@@ -326,6 +374,8 @@ class Worker:
             agents = self.agents
             if agents is None or not payload or payload in agents:
                 self.wakeups_by_notify += 1
+                self._notifies += 1
+                self._backlog = True
                 self._woken_by = "notify"
                 self._wake.set()
         elif channel in (CANCEL_CHANNEL, STEER_CHANNEL):
@@ -337,6 +387,11 @@ class Worker:
                     self._cancel_requested(execution)
                 else:
                     self._steer_requested(execution)
+
+    def _reconnected(self) -> None:
+        """NOTIFYs may have been missed while the listener was away."""
+        self._backlog = True
+        self._wake.set()
 
     def _steer_requested(self, execution: Execution) -> None:
         """The handler yields at its next safe point; a steer never stops a

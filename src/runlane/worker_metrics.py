@@ -55,10 +55,36 @@ class WorkerMetrics:
             ["source"],
             registry=r,
         )
-        self.running = Gauge("runlane_worker_running", "Runs in flight here.", registry=r)
+        self.running = Gauge(
+            "runlane_worker_running",
+            "Handlers running here (concurrency slots in use).",
+            registry=r,
+        )
+        self.held = Gauge(
+            "runlane_worker_held",
+            "Runs whose lease this worker holds: handlers running plus outcomes"
+            " being written (at most twice the concurrency).",
+            registry=r,
+        )
+        # Labelled children, looked up once: labels() costs a lock and a
+        # dict walk, on every run otherwise.
+        self._handler_seconds: dict[str, Histogram] = {}
+        self._finished: dict[str, Counter] = {}
         self._queue = QueueGauges()
         r.register(self._queue)
         self._refresh: asyncio.Task[None] | None = None
+
+    def observe_handler(self, agent: str, seconds: float) -> None:
+        child = self._handler_seconds.get(agent)
+        if child is None:
+            child = self._handler_seconds[agent] = self.handler_seconds.labels(agent=agent)
+        child.observe(seconds)
+
+    def count_finished(self, outcome: str) -> None:
+        child = self._finished.get(outcome)
+        if child is None:
+            child = self._finished[outcome] = self.finished.labels(outcome=outcome)
+        child.inc()
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         """Exposes /metrics on ``port`` (a thread of prometheus_client)."""

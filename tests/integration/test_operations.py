@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import psycopg
@@ -16,6 +17,7 @@ from runlane.pruner import Pruner
 from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.store import PRUNER_LOCK_KEY, RunStore
+from runlane.worker import Worker
 from tests.support import running_worker, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -228,3 +230,24 @@ async def test_gone_and_stopped_workers_are_listed_then_forgotten(
     await store.prune({RunStatus.COMPLETED: 86400}, exclusive=True)
     rows = sql.execute("SELECT id FROM runlane.workers").fetchall()
     assert rows == [("h:1:a",)]
+
+
+async def test_a_taken_metrics_port_fails_start_and_leaves_nothing_open(
+    settings: Settings,
+) -> None:
+    app = App(settings)
+
+    @app.agent("m")
+    async def m(ctx: RunContext) -> Any:
+        return None
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        assert settings.database_url is not None
+        worker = Worker(
+            app, settings.database_url, settings=settings, metrics_port=taken.getsockname()[1]
+        )
+        with pytest.raises(OSError):
+            await worker.start()
+    assert worker.store.pool.closed

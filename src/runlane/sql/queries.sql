@@ -23,6 +23,11 @@ SELECT runs.*, false AS created, 0 AS notified FROM runlane.runs
 WHERE NOT EXISTS (SELECT 1 FROM inserted)
   AND tenant = %(tenant)s AND user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s;
 
+-- name: get_runs
+SELECT r.*, q.request_id AS client_request_id
+FROM runlane.runs AS r LEFT JOIN runlane.requests AS q ON q.id = r.request_id
+WHERE r.id = ANY(%(run_ids)s::uuid[]);
+
 -- name: get_run
 -- With the client's request_id when the run came from a lane's request.
 SELECT r.*, q.request_id AS client_request_id
@@ -115,7 +120,8 @@ FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 -- name: finish_attempts
 -- Ends a batch of attempts, each identified by (run_id, lease_token), in
 -- one statement (a worker batches its completions). Fenced: a stale token
--- matches no row and changes nothing; only the rows still held come back.
+-- matches no row and changes nothing; only the rows still held come back,
+-- as (id, new status): the worker decodes no row it does not use.
 --   outcome completed -> run completed
 --   outcome failed    -> run failed
 --   outcome cancelled -> run cancelled
@@ -174,8 +180,8 @@ WITH input AS (
         worker_id = NULL
     FROM target
     WHERE r.id = target.id
-    RETURNING r.*, target.lease_token AS ended_token, target.outcome AS ended_outcome,
-              target.error AS ended_error
+    RETURNING r.id, r.status, r.agent, r.available_at, target.lease_token AS ended_token,
+              target.outcome AS ended_outcome, target.error AS ended_error
 ), attempt_rows AS (
     UPDATE runlane.run_attempts AS a
     SET ended_at = now(), outcome = finished.ended_outcome, error = finished.ended_error
@@ -185,7 +191,13 @@ WITH input AS (
     SELECT pg_notify('runlane_wakeup', agent) FROM finished
     WHERE %(notify)s AND status = 'pending' AND available_at <= now()
 )
-SELECT finished.*, (SELECT count(*) FROM notified) AS notified FROM finished;
+SELECT finished.id, finished.status, (SELECT count(*) FROM notified) AS notified
+FROM finished;
+
+-- name: lock_lanes
+-- The lanes of a batch of finishing runs, locked in id order (one order for
+-- every multi-lane locker, so two never deadlock), before any of their runs.
+SELECT id FROM runlane.lanes WHERE id = ANY(%(lane_ids)s::bigint[]) ORDER BY id FOR UPDATE;
 
 -- name: append_event
 -- Fenced event append with a gap-free per-run seq: the counter lives on the

@@ -1,0 +1,143 @@
+"""The worker's narrow finish (``RunStore.finish_attempts_status``, which
+answers only id and status) against the full-row ``finish_attempts`` and the
+table, and batches that mix direct runs with several lanes' runs in one
+transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from runlane.lane_service import LaneService
+from runlane.models import ClaimedRun, Outcome, RunStatus
+from runlane.service import RunService
+from runlane.store import Finish, RunStore
+from tests.integration.lane_helpers import AGENT, submit
+
+
+async def claim_one(store: RunStore, agent: str) -> ClaimedRun:
+    batch = await store.claim_batch(worker_id="test", limit=1, lease_seconds=30, agents=[agent])
+    assert len(batch) == 1
+    return batch[0]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "max_attempts", "cancel_first", "expected"),
+    [
+        (Outcome.COMPLETED, 3, False, RunStatus.COMPLETED),
+        (Outcome.FAILED, 3, False, RunStatus.FAILED),
+        (Outcome.CANCELLED, 3, False, RunStatus.CANCELLED),
+        (Outcome.RETRY, 3, False, RunStatus.PENDING),
+        (Outcome.RETRY, 1, False, RunStatus.DEAD),
+        (Outcome.RELEASED, 3, False, RunStatus.PENDING),
+        (Outcome.STEERED, 3, False, RunStatus.COMPLETED),
+        (Outcome.INTERRUPTED, 3, False, RunStatus.INTERRUPTED),
+        (Outcome.RETRY, 3, True, RunStatus.CANCELLED),
+        (Outcome.COMPLETED, 3, True, RunStatus.COMPLETED),
+    ],
+)
+async def test_the_narrow_finish_ends_runs_like_the_full_one(
+    store: RunStore,
+    service: RunService,
+    outcome: Outcome,
+    max_attempts: int,
+    cancel_first: bool,
+    expected: RunStatus,
+) -> None:
+    ended: dict[str, Any] = {}
+    for variant in ("full", "narrow"):
+        agent = f"a-{variant}"
+        run, _ = await service.submit(agent, {}, max_attempts=max_attempts)
+        claimed = await claim_one(store, agent)
+        if cancel_first:
+            await service.cancel(run.id)
+        finish = Finish(run.id, claimed.lease_token, outcome, output={"ok": 1}, error=None)
+        if variant == "full":
+            full = await store.finish_attempts([finish])
+            ended[variant] = full[run.id].status
+        else:
+            narrow = await store.finish_attempts_status([finish])
+            ended[variant] = narrow[run.id]
+        after = await service.get(run.id)
+        assert after.status is expected
+        attempts = await store.list_attempts(run.id)
+        assert attempts[-1].ended_at is not None and attempts[-1].outcome == str(outcome)
+    assert ended == {"full": expected, "narrow": expected}
+
+
+async def test_a_stale_token_changes_nothing_and_is_not_answered(
+    store: RunStore, service: RunService
+) -> None:
+    run, _ = await service.submit("bot", {})
+    claimed = await claim_one(store, "bot")
+    fresh = await store.finish_attempts_status(
+        [Finish(run.id, claimed.lease_token, Outcome.RELEASED)]
+    )
+    assert fresh == {run.id: RunStatus.PENDING}
+    again = await claim_one(store, "bot")
+    stale = await store.finish_attempts_status(
+        [Finish(run.id, claimed.lease_token, Outcome.COMPLETED, output=1)]
+    )
+    assert stale == {}
+    assert (await service.get(run.id)).status is RunStatus.RUNNING
+    assert again.lease_token != claimed.lease_token
+
+
+async def test_one_batch_ends_runs_of_several_lanes_and_relays_each(
+    store: RunStore, service: RunService, lanes: LaneService
+) -> None:
+    threads = [f"t{i}" for i in range(5)]
+    for thread in threads:
+        for text in ("first", "second"):
+            await submit(lanes, thread, text)
+    direct, _ = await service.submit(AGENT, {"direct": True})
+    claimed = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
+    # The five lanes' heads and the direct run; the second requests queue.
+    assert len(claimed) == 6
+    finishes = [
+        Finish(c.run.id, c.lease_token, Outcome.COMPLETED, output=None, lane_id=c.run.lane_id)
+        for c in reversed(claimed)  # any order: the store locks lanes by id
+    ]
+    ended = await store.finish_attempts_status(finishes)
+    assert ended == {c.run.id: RunStatus.COMPLETED for c in claimed}
+    # Each lane relayed in that transaction: its second request is a run now.
+    relayed = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
+    assert sorted(c.run.input["text"] for c in relayed) == ["second"] * 5
+    assert {c.run.lane_id for c in relayed} == {c.run.lane_id for c in claimed if c.run.lane_id}
+    assert direct.id in ended
+
+
+async def test_concurrent_lane_batches_and_submits_do_not_deadlock(
+    store: RunStore, service: RunService, lanes: LaneService
+) -> None:
+    """Batches lock their lanes in id order before any run, like every lane
+    writer: batches of overlapping lane sets never deadlock with each other
+    nor with submits into the same lanes."""
+    threads = [f"t{i}" for i in range(12)]
+    for thread in threads:
+        await submit(lanes, thread, "head")
+    claimed = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
+    assert len(claimed) == len(threads)
+    halves = [claimed[::2], claimed[1::2][::-1]]
+
+    async def finish_batch(part: list[ClaimedRun]) -> dict[Any, RunStatus]:
+        return await store.finish_attempts_status(
+            [
+                Finish(c.run.id, c.lease_token, Outcome.COMPLETED, lane_id=c.run.lane_id)
+                for c in part
+            ]
+        )
+
+    async def submits() -> None:
+        for thread in reversed(threads):
+            await submit(lanes, thread, "next")
+
+    results = await asyncio.wait_for(
+        asyncio.gather(finish_batch(halves[0]), finish_batch(halves[1]), submits()), timeout=30
+    )
+    assert len(results[0]) + len(results[1]) == len(threads)
+    # Every lane ends with its "next" request running or queued, none lost.
+    following = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
+    assert sorted(c.run.input["text"] for c in following) == ["next"] * len(threads)
