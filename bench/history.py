@@ -5,7 +5,7 @@ One database per history size, filled in bulk (generate_series) with
 completed runs and their attempt rows, then VACUUM ANALYZE. Each round, in
 every database in turn: M submits one at a time (``RunService.submit``),
 M single claims (``RunStore.claim_batch(limit=1)``), M fenced finishes one
-at a time (``RunStore.finish_attempts``), and M/10 claims of 10. The probe
+at a time (``RunStore.finish_attempts_status``, the worker's), and M/10 claims of 10. The probe
 runs are deleted at the end of the round, so every size stays exact.
 Target: each p50 within 1.2x of the empty database's.
 """
@@ -96,13 +96,13 @@ async def measure(url: str, m: int) -> dict[str, Any]:
             claimed.extend(batch)
         for c in claimed:
             t = time.perf_counter()
-            await store.finish_attempts([Finish(c.run.id, c.lease_token, Outcome.COMPLETED)])
+            await store.finish_attempts_status([Finish(c.run.id, c.lease_token, Outcome.COMPLETED)])
             finish.append(time.perf_counter() - t)
         for _ in range(m // 10):
             t = time.perf_counter()
             batch = await store.claim_batch(worker_id="bench-history", limit=10, lease_seconds=60)
             claim10.append(time.perf_counter() - t)
-            await store.finish_attempts(
+            await store.finish_attempts_status(
                 [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in batch]
             )
     finally:
