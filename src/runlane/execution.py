@@ -163,8 +163,10 @@ class Execution:
             await self._ended_by(exc)
             return
         self._handler_done(run.agent, started)
-        self._raise_if_cancelled_from_outside(task, None)
-        # A stop that the handler swallowed: its cancellations are spent.
+        # The handler returned: its result is written, whatever cancels it
+        # caught on the way (a stop() it swallowed, or its own code that
+        # cancelled this task without uncancel(), as hand-made timeouts
+        # do). Only the stops' cancellations are ours to take back.
         self._uncancel(task)
         problem = json_problem(result)
         if problem is not None:
@@ -180,17 +182,13 @@ class Execution:
             self._metrics.observe_handler(agent, time.monotonic() - started)
         self._end_handler()
 
-    def _raise_if_cancelled_from_outside(
-        self, task: asyncio.Task[Any], exc: BaseException | None
-    ) -> None:
-        """The attempt's task was cancelled by someone other than stop()
-        (the event loop going away), even if the handler swallowed it: the
-        attempt ends here, its outcome unwritten; the lease expires and is
-        reaped."""
-        if task.cancelling() > self._stop_cancels:
-            if isinstance(exc, asyncio.CancelledError):
-                raise exc
-            raise asyncio.CancelledError() from exc
+    def _raise_if_cancelled_from_outside(self, task: asyncio.Task[Any], exc: BaseException) -> None:
+        """A CancelledError out of the handler while the attempt's task was
+        cancelled by someone other than stop() (the event loop going away):
+        the attempt ends here, its outcome unwritten; the lease expires and
+        is reaped."""
+        if isinstance(exc, asyncio.CancelledError) and task.cancelling() > self._stop_cancels:
+            raise exc
 
     def _uncancel(self, task: asyncio.Task[Any]) -> None:
         for _ in range(self._stop_cancels):

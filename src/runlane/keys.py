@@ -77,6 +77,7 @@ class KeyStore:
         # key hash -> (monotonic expiry, principal)
         self._cache: dict[str, tuple[float, Principal]] = {}
         self.lookups = 0
+        self._revokes = 0
         self._sql = named_queries("keys.sql")
 
     async def create(
@@ -117,18 +118,21 @@ class KeyStore:
                 return cached[1]
             del self._cache[key_hash]
         self.lookups += 1
+        # Both taken before the read: a revoke through this store while it
+        # is in flight keeps the answer out of the cache, and the TTL runs
+        # from before the database was asked.
+        revokes, asked_at = self._revokes, time.monotonic()
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql["find_active_key"], {"key_hash": key_hash})
             row = await cur.fetchone()
         if row is None:
             return None
         principal = ApiKey.from_row(row).principal
-        if self.cache_seconds > 0:
-            self._remember(key_hash, principal)
+        if self.cache_seconds > 0 and revokes == self._revokes:
+            self._remember(key_hash, principal, asked_at)
         return principal
 
-    def _remember(self, key_hash: str, principal: Principal) -> None:
-        now = time.monotonic()
+    def _remember(self, key_hash: str, principal: Principal, now: float) -> None:
         if len(self._cache) >= CACHE_LIMIT:
             self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
             if len(self._cache) >= CACHE_LIMIT:
@@ -146,5 +150,6 @@ class KeyStore:
             row = await cur.fetchone()
         if row is None:
             raise NotFound(f"no key {prefix!r}")
+        self._revokes += 1
         self._cache.pop(row["key_hash"], None)
         return ApiKey.from_row(row)

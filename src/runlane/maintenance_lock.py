@@ -35,8 +35,15 @@ async def maintenance_lock(
     process does the job now). ``conn`` must be in autocommit mode."""
     sql = named_queries("maintenance.sql")
     idle_ms = str(max(1, round(idle_seconds * 1000)))
-    cur = await conn.execute(sql["try_lock"], {"lock_key": lock_key, "idle_ms": idle_ms})
-    row = await cur.fetchone()
+    try:
+        cur = await conn.execute(sql["try_lock"], {"lock_key": lock_key, "idle_ms": idle_ms})
+        row = await cur.fetchone()
+    except BaseException:
+        # Cancelled or failed half way: whether the server took the lock is
+        # unknown. Ending the session frees it; the pool drops a closed
+        # connection instead of lending one that may hold the lock.
+        await conn.close()
+        raise
     locked = bool(row and row["locked"])
     try:
         yield locked

@@ -6,6 +6,7 @@ its lease renewed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import psycopg
@@ -184,3 +185,34 @@ async def test_a_handler_that_swallows_the_workers_stop_still_ends_its_run(
         later, _ = await service.submit(AGENT, {})
         after = await wait_until(lambda: ended(later.id), message="the next run ended")
     assert done.output == "swallowed" and after.output == "next"
+
+
+async def test_a_handler_that_cancels_itself_and_returns_completes(
+    service: RunService, settings: Settings
+) -> None:
+    """Code in the handler that cancels the current task and catches the
+    CancelledError without uncancel() (a hand-made timeout, older timeout
+    libraries) leaves the task's cancel count raised: the handler's return
+    value still counts, the run completes (found by review: the outcome was
+    dropped and the run executed again after its lease expired)."""
+    app = App(settings)
+
+    @app.agent(AGENT)
+    async def work(ctx: RunContext) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().call_soon(task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):  # a timeout of its own
+            await asyncio.sleep(3600)
+        return {"ok": True}
+
+    run, _ = await service.submit(AGENT, {}, max_attempts=3)
+    async with running_worker(app, settings):
+
+        async def ended() -> Any:
+            now = await service.get(run.id)
+            return now if now.status not in (RunStatus.PENDING, RunStatus.RUNNING) else None
+
+        done = await wait_until(ended, timeout=20, message="the run ended")
+    assert done.status is RunStatus.COMPLETED and done.output == {"ok": True}
+    assert done.attempts == 1
