@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from uuid import UUID
 
+from runlane.background import cancel_and_wait
 from runlane.context import TRANSIENT_ERRORS
 from runlane.execution import Execution, StopReason
 from runlane.models import LeaseState, RunStatus
@@ -60,11 +61,7 @@ class Heartbeat:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
         for renewal in list(self._abandoned):
             with contextlib.suppress(BaseException):

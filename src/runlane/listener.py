@@ -7,12 +7,12 @@ notification, or a listener that is down, only delays work.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 import psycopg
 
+from runlane.background import cancel_and_wait
 from runlane.database import CONNECT_OPTIONS
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,8 @@ class Listener:
         self._task = asyncio.create_task(self._run(), name="runlane-listener")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         delay = 0.1

@@ -7,10 +7,10 @@ whose loop survives any error (a dead loop would strand work silently).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
+from runlane.background import cancel_and_wait
 from runlane.context import TRANSIENT_ERRORS
 
 logger = logging.getLogger(__name__)
@@ -30,11 +30,8 @@ class PeriodicService:
         self._task = asyncio.create_task(self._run(), name=f"runlane-{self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from runlane.background import cancel_and_wait
 from runlane.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -95,10 +95,7 @@ class WorkerMetrics:
         self._refresh = asyncio.create_task(self._refresh_loop(store, interval_seconds))
 
     async def stop(self) -> None:
-        if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+        await cancel_and_wait(self._refresh)
 
     async def _refresh_loop(self, store: RunStore, interval: float) -> None:
         while True:
