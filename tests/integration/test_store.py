@@ -123,6 +123,59 @@ async def test_claim_order_is_priority_then_available_at_then_submission(
     assert [c.run.id for c in batch] == [high.id, earlier.id, low1.id, low2.id]
 
 
+@pytest.mark.parametrize("agents", [None, ["a", "b"]], ids=["any-agent", "agent-list"])
+@pytest.mark.parametrize("caps", [False, True], ids=["no-caps", "a-cap-elsewhere"])
+async def test_claims_age_and_order_the_same_with_and_without_caps(
+    service: RunService, store: RunStore, sql: Conn, agents: list[str] | None, caps: bool
+) -> None:
+    # With no cap anywhere the claim takes runlane.claim_uncapped_runs, with
+    # one it takes runlane.claim_capped_runs: the same runs come out, in the
+    # same order, either way.
+    if caps:
+        await store.set_tenant_limit("elsewhere", 5)
+    fresh_low, _ = await service.submit("a", {"n": "fresh low"})
+    high, _ = await service.submit("b", {"n": "high"}, priority=5)
+    old_low, _ = await service.submit("a", {"n": "old low"})
+    later, _ = await service.submit("b", {"n": "later"}, delay_seconds=30)
+    # Waiting 100 s at one point per 10 s lifts "old low" to 10, above 5.
+    sql.execute(
+        "UPDATE runlane.runs SET available_at = now() - interval '100 seconds' WHERE id = %s",
+        (old_low.id,),
+    )
+    names = {old_low.id: "old low", high.id: "high", fresh_low.id: "fresh low", later.id: "later"}
+    claimed = []
+    for limit in (1, 1, 10):
+        claimed.append(
+            await store.claim_batch(
+                worker_id="w", limit=limit, lease_seconds=30, agents=agents, aging_seconds=10
+            )
+        )
+    assert [[names[c.run.id] for c in batch] for batch in claimed] == [
+        ["old low"],
+        ["high"],
+        ["fresh low"],
+    ]
+    assert all(c.run.attempts == 1 for batch in claimed for c in batch)
+    attempts = sql.execute(
+        "SELECT count(*) FROM runlane.run_attempts WHERE run_id = ANY(%s)",
+        ([old_low.id, high.id, fresh_low.id, later.id],),
+    ).fetchone()
+    assert attempts == (3,)
+    # Without aging, priority alone decides.
+    sql.execute("UPDATE runlane.runs SET status = 'pending', lease_token = NULL, attempts = 0")
+    by_priority = [
+        await store.claim_batch(
+            worker_id="w", limit=1, lease_seconds=30, agents=agents, aging_seconds=0
+        )
+        for _ in range(3)
+    ]
+    assert [[names[c.run.id] for c in batch] for batch in by_priority] == [
+        ["high"],
+        ["old low"],
+        ["fresh low"],
+    ]
+
+
 async def test_claim_counts_an_attempt_and_writes_an_attempt_row(
     service: RunService, store: RunStore, sql: Conn
 ) -> None:
