@@ -28,7 +28,8 @@ def reset(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE runlane.runs, runlane.run_attempts, runlane.run_events,"
-            " runlane.run_effects, runlane.requests, runlane.lanes, runlane.workers CASCADE"
+            " runlane.run_effects, runlane.requests, runlane.lanes, runlane.workers,"
+            " runlane.tenant_limits CASCADE"
         )
         # Undo the experiment of bench.runlane_variants, if one ran before.
         conn.execute("ALTER TABLE runlane.runs ENABLE TRIGGER runs_notify_status")

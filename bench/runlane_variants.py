@@ -12,6 +12,10 @@ change the benchmark database or the worker's settings, never src/.
   one candidate list instead of two.
 - (``runlane-free-slot-early``, an experiment of 2026-11-30 that freed a
   slot when the handler returned, is gone: the worker does that now.)
+- ``runlane-capped-claim``: a tenant cap on a tenant that has no runs,
+  so that every claim takes ``runlane.claim_capped_runs`` (the claim of
+  migration 0006: four statements planned on each call) instead of
+  ``runlane.claim_uncapped_runs`` (0009): the claim change's before/after.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -81,6 +85,10 @@ VARIANTS = {
         sql="ALTER TABLE runlane.runs DISABLE TRIGGER runs_notify_status",
     ),
     "runlane-no-aging": Variant("runlane-no-aging", env={"RUNLANE_PRIORITY_AGING_SECONDS": "0"}),
+    "runlane-capped-claim": Variant(
+        "runlane-capped-claim",
+        sql="INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('nobody', 1)",
+    ),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
     # /tmp/runlane-base <commit>`).

@@ -1,20 +1,21 @@
 -- A cheaper claim for the common case: no tenant has a cap.
 --
 -- runlane.claim_runs (0006) runs four statements and PostgreSQL plans each
--- of them again on every call (custom plans), which cost more than the
+-- of them again on every call (custom plans), which costs more than the
 -- claim's own work: about 1 ms of a 2 ms single-run claim on the
--- benchmark machine (BENCHMARKS.md, sections 1 and 2). Generic plans would
--- skip that, but the cap statements' generic plans are slow with history
--- (the whole pending backlog compared against an unknown array).
+-- benchmark machine (BENCHMARKS.md, sections 1 and 2).
 --
 -- So when runlane.tenant_limits is empty, claim_runs hands over to
--- runlane.claim_uncapped_runs: one statement per case (any agent, or a
--- list of agents), whose plan is built once per session and reused
--- (force_generic_plan). Its shape does not depend on the values: each
--- candidate list is an index scan in the order of a claim index, under a
--- LIMIT, so the generic plan is the plan a custom one would be.
--- The ordering, aging, SKIP LOCKED, attempt counting, lease token and
--- attempts row are those of claim_runs; with caps, claim_runs is unchanged.
+-- runlane.claim_uncapped_runs, whose two statements are planned once per
+-- session and the plans reused (force_generic_plan). A generic plan does
+-- not know the values, so each statement is shaped to have one sensible
+-- plan whatever they are: the candidate lists are index scans in the order
+-- of a claim index under a LIMIT, and carry the columns the ranking needs
+-- (no join back to runs, which a generic plan might make a hash join over
+-- the whole table); the update finds its rows by primary key from an
+-- array. Ordering, aging, SKIP LOCKED, attempt counting, lease token and
+-- the attempts row are those of claim_runs; with caps, claim_runs is
+-- unchanged.
 --
 -- A cap created while a claim is under way applies from the next claim,
 -- as before: a claim never saw caps committed after its snapshot.
@@ -28,55 +29,41 @@ CREATE FUNCTION runlane.claim_uncapped_runs(
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    picked uuid[];
 BEGIN
+    -- Candidates: the first runs by priority and the oldest runs (for
+    -- aging), locked with SKIP LOCKED; the best p_limit by effective
+    -- priority are claimed, the others unlocked at commit.
     IF p_agents IS NULL THEN
-        RETURN QUERY
         WITH by_priority AS (
-            SELECT id FROM runlane.runs
+            SELECT id, priority, available_at, seq FROM runlane.runs
             WHERE status = 'pending' AND available_at <= now() AND attempts < max_attempts
             ORDER BY priority DESC, available_at, seq
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED
         ), by_age AS (
-            SELECT id FROM runlane.runs
+            SELECT id, priority, available_at, seq FROM runlane.runs
             WHERE status = 'pending' AND available_at <= now() AND attempts < max_attempts
               AND p_aging_seconds > 0
             ORDER BY available_at, seq
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED
         ), candidates AS (
-            SELECT id FROM by_priority UNION SELECT id FROM by_age
-        ), picked AS (
-            SELECT r.id FROM runlane.runs AS r JOIN candidates USING (id)
-            ORDER BY r.priority + CASE WHEN p_aging_seconds > 0
-                         THEN floor(extract(epoch FROM now() - r.available_at) / p_aging_seconds)
-                         ELSE 0 END DESC,
-                     r.available_at, r.seq
-            LIMIT p_limit
-        ), claimed AS (
-            UPDATE runlane.runs AS r
-            SET status = 'running',
-                attempts = r.attempts + 1,
-                claim_count = r.claim_count + 1,
-                lease_token = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
-                worker_id = p_worker_id,
-                started_at = coalesce(r.started_at, now()),
-                deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
-                    least((r.budget ->> 'max_seconds')::double precision, 31536000)))
-            FROM picked
-            WHERE r.id = picked.id
-            RETURNING r.*
-        ), attempt_rows AS (
-            INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
-            SELECT id, claim_count, worker_id, lease_token FROM claimed
+            SELECT * FROM by_priority UNION SELECT * FROM by_age
         )
-        SELECT * FROM claimed;
+        SELECT array_agg(id) INTO picked FROM (
+            SELECT id FROM candidates AS c
+            ORDER BY c.priority + CASE WHEN p_aging_seconds > 0
+                         THEN floor(extract(epoch FROM now() - c.available_at) / p_aging_seconds)
+                         ELSE 0 END DESC,
+                     c.available_at, c.seq
+            LIMIT p_limit
+        ) AS best;
     ELSE
-        RETURN QUERY
         WITH candidates AS (
-            SELECT c.id FROM unnest(p_agents) AS a(agent) CROSS JOIN LATERAL (
-                SELECT id FROM runlane.runs
+            SELECT c.* FROM unnest(p_agents) AS a(agent) CROSS JOIN LATERAL (
+                SELECT id, priority, available_at, seq FROM runlane.runs
                 WHERE status = 'pending' AND agent = a.agent AND available_at <= now()
                   AND attempts < max_attempts
                 ORDER BY priority DESC, available_at, seq
@@ -84,41 +71,48 @@ BEGIN
                 FOR UPDATE SKIP LOCKED
             ) AS c
             UNION
-            SELECT c.id FROM unnest(p_agents) AS a(agent) CROSS JOIN LATERAL (
-                SELECT id FROM runlane.runs
+            SELECT c.* FROM unnest(p_agents) AS a(agent) CROSS JOIN LATERAL (
+                SELECT id, priority, available_at, seq FROM runlane.runs
                 WHERE status = 'pending' AND agent = a.agent AND available_at <= now()
                   AND attempts < max_attempts AND p_aging_seconds > 0
                 ORDER BY available_at, seq
                 LIMIT p_limit
                 FOR UPDATE SKIP LOCKED
             ) AS c
-        ), picked AS (
-            SELECT r.id FROM runlane.runs AS r JOIN candidates USING (id)
-            ORDER BY r.priority + CASE WHEN p_aging_seconds > 0
-                         THEN floor(extract(epoch FROM now() - r.available_at) / p_aging_seconds)
-                         ELSE 0 END DESC,
-                     r.available_at, r.seq
-            LIMIT p_limit
-        ), claimed AS (
-            UPDATE runlane.runs AS r
-            SET status = 'running',
-                attempts = r.attempts + 1,
-                claim_count = r.claim_count + 1,
-                lease_token = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
-                worker_id = p_worker_id,
-                started_at = coalesce(r.started_at, now()),
-                deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
-                    least((r.budget ->> 'max_seconds')::double precision, 31536000)))
-            FROM picked
-            WHERE r.id = picked.id
-            RETURNING r.*
-        ), attempt_rows AS (
-            INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
-            SELECT id, claim_count, worker_id, lease_token FROM claimed
         )
-        SELECT * FROM claimed;
+        SELECT array_agg(id) INTO picked FROM (
+            SELECT id FROM candidates AS c
+            ORDER BY c.priority + CASE WHEN p_aging_seconds > 0
+                         THEN floor(extract(epoch FROM now() - c.available_at) / p_aging_seconds)
+                         ELSE 0 END DESC,
+                     c.available_at, c.seq
+            LIMIT p_limit
+        ) AS best;
     END IF;
+
+    IF picked IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE runlane.runs AS r
+        SET status = 'running',
+            attempts = r.attempts + 1,
+            claim_count = r.claim_count + 1,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+            worker_id = p_worker_id,
+            started_at = coalesce(r.started_at, now()),
+            deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
+                least((r.budget ->> 'max_seconds')::double precision, 31536000)))
+        WHERE r.id = ANY(picked)
+        RETURNING r.*
+    ), attempt_rows AS (
+        INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
+        SELECT id, claim_count, worker_id, lease_token FROM claimed
+    )
+    SELECT * FROM claimed;
 END;
 $$;
 
