@@ -78,16 +78,15 @@ def create_pool(
     *,
     min_size: int = 1,
     max_size: int = 10,
-    check: bool | Literal["quiet"] = "quiet",
+    check: bool | Literal["quiet"] = True,
 ) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
     """A connection pool (not yet opened) whose rows are dicts.
 
-    ``check`` tests each connection at checkout, so that a connection broken
-    while idle (a server restart) is replaced instead of failing a caller's
-    request: ``"quiet"`` (the default) without a round trip unless the
-    socket has something to read (``check_without_round_trip``), ``True``
-    with a round trip every time. The worker turns it off: it retries every
-    transient error itself."""
+    With ``check`` each checkout first tests the connection, so that a
+    connection broken while idle (a server restart) is replaced instead of
+    failing a caller's request; ``"quiet"`` does so without a round trip
+    (``check_without_round_trip``; the API's pool). The worker turns it off:
+    it retries every transient error itself."""
     checker: Callable[[AsyncConnection[DictRow]], Awaitable[None]] | None = None
     if check == "quiet":
         checker = check_without_round_trip

@@ -68,6 +68,28 @@ class Finish:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """What a worker claims: up to ``limit`` runs of ``agents`` (None: any
+    agent) with a lease of ``lease_seconds``; ``aging_seconds``: one
+    priority point per that many seconds waited (0: no aging)."""
+
+    worker_id: str
+    limit: int
+    lease_seconds: float
+    agents: Sequence[str] | None = None
+    aging_seconds: float = 0.0
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "limit": self.limit,
+            "lease_seconds": float(self.lease_seconds),
+            "agents": list(self.agents) if self.agents is not None else None,
+            "aging_seconds": float(self.aging_seconds),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerIdentity:
     """How a worker shows up in runlane.workers."""
 
@@ -244,26 +266,10 @@ class RunStore:
     ) -> list[ClaimedRun]:
         """Claims up to ``limit`` runs of ``agents`` (None: any agent).
         ``aging_seconds``: one priority point per that many seconds waited."""
+        spec = ClaimSpec(worker_id, limit, lease_seconds, agents, aging_seconds)
         if agents is not None and not agents:
             return []
-        rows = await self._fetch_all(
-            "claim_batch",
-            {
-                "worker_id": worker_id,
-                "limit": limit,
-                "lease_seconds": float(lease_seconds),
-                "agents": list(agents) if agents is not None else None,
-                "aging_seconds": float(aging_seconds),
-            },
-        )
-        return [
-            ClaimedRun(
-                run=Run.from_row(row),
-                lease_token=row["lease_token"],
-                deadline_in_seconds=row["deadline_in_seconds"],
-            )
-            for row in rows
-        ]
+        return _claimed_runs(await self._fetch_all("claim_batch", spec.params()))
 
     async def set_tenant_limit(self, tenant: str, max_running: int | None) -> None:
         """Caps a tenant's running runs; None removes the cap."""
@@ -413,21 +419,43 @@ class RunStore:
         of each lane runs under a lock already held: lane before run, and
         lanes in a fixed order, as every lane writer does (no deadlock).
         The transaction is sent as one pipeline (one round trip)."""
+        statuses, _ = await self.finish_attempts_and_claim(finishes, None)
+        return statuses
+
+    async def finish_attempts_and_claim(
+        self, finishes: Sequence[Finish], claim: ClaimSpec | None
+    ) -> tuple[dict[UUID, RunStatus], list[ClaimedRun]]:
+        """finish_attempts_status, and with ``claim`` a claim in the same
+        transaction, after the outcomes: it sees the runs that the batch's
+        lane relays just dispatched, so a lane's next run starts without
+        waiting for another round trip and commit. The claim is the usual
+        one (best runs first, SKIP LOCKED, caps); it takes no lane lock."""
         if not finishes:
-            return {}
+            return {}, []
         params = self._finish_params(finishes)
         lane_ids = sorted({f.lane_id for f in finishes if f.lane_id is not None})
+        claim_rows: list[DictRow] = []
+        claiming = claim is not None and (claim.agents is None or len(claim.agents) > 0)
         async with self.pool.connection() as conn:
-            if not lane_ids:
+            if not lane_ids and not claiming:
                 cur = await conn.execute(self._sql["finish_attempts"], params)
                 rows = await cur.fetchall()
             else:
                 async with conn.pipeline():
                     async with conn.transaction():
-                        await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
+                        if lane_ids:
+                            await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
                         cur = await conn.execute(self._sql["finish_attempts"], params)
+                        claim_cur = (
+                            await conn.execute(self._sql["claim_batch"], claim.params())
+                            if claim is not None and claiming
+                            else None
+                        )
                     rows = await cur.fetchall()
-        return {row["id"]: RunStatus(row["status"]) for row in rows}
+                    if claim_cur is not None:
+                        claim_rows = await claim_cur.fetchall()
+        statuses = {row["id"]: RunStatus(row["status"]) for row in rows}
+        return statuses, _claimed_runs(claim_rows)
 
     async def finish_attempts(
         self, finishes: Sequence[Finish], *, lane_id: int | None = None
@@ -544,3 +572,14 @@ class RunStore:
                         (row["id"], RunStatus(row["status"])) for row in await cur.fetchall()
                     )
             return reaped
+
+
+def _claimed_runs(rows: Sequence[DictRow]) -> list[ClaimedRun]:
+    return [
+        ClaimedRun(
+            run=Run.from_row(row),
+            lease_token=row["lease_token"],
+            deadline_in_seconds=row["deadline_in_seconds"],
+        )
+        for row in rows
+    ]

@@ -38,7 +38,7 @@ from runlane.pruner import Pruner
 from runlane.reaper import Reaper
 from runlane.recovery import Recovery
 from runlane.settings import Settings
-from runlane.store import RunStore, WorkerIdentity
+from runlane.store import ClaimSpec, RunStore, WorkerIdentity
 from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,9 @@ class Worker:
         self._metrics_port = metrics_port
         self._pool = create_pool(url, min_size=2, max_size=concurrency + 3, check=False)
         self.store = RunStore(self._pool, notify=notify)
-        self.completions = CompletionBatcher(self.store)
+        self.completions = CompletionBatcher(
+            self.store, claim_along=self._claim_along, claimed_along=self._claimed_along
+        )
         # Every attempt held here, from its claim until its outcome is
         # written: the heartbeat renews all of them, also while an outcome
         # waits for its batch. A concurrency slot frees earlier, when the
@@ -106,6 +108,18 @@ class Worker:
         self.executions: dict[UUID, Execution] = {}
         self.handlers_running = 0
         self.max_held = 2 * concurrency
+        # Slots promised to claims on their way (the claim loop's, and those
+        # sent along with an outcome batch), so that the two never together
+        # take more than the free slots.
+        self._reserved = 0
+        # Lanes' runs whose handler ended and whose outcome is not written
+        # yet: their batch will claim along, so the claim loop waits for it
+        # rather than race it to an empty claim (the lane's next run is
+        # dispatched only when that outcome commits).
+        self._lane_outcomes_pending = 0
+        self._along_in_flight = 0
+        self._along_idle = asyncio.Event()
+        self._along_idle.set()
         self._tasks: dict[UUID, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._woken_by = "slot"
@@ -160,6 +174,7 @@ class Worker:
         # Counters a test or an operator can read.
         self.wakeups_by_notify = 0
         self.claims = 0
+        self.claims_along = 0
         self.claim_failures = 0
 
     @property
@@ -213,6 +228,11 @@ class Worker:
                 await self._claim_task
             except BaseException:
                 logger.exception("claim loop ended with an error")
+        # A claim sent along with an outcome batch before the stop: its runs
+        # start (and are then released like the others) before _release
+        # looks at what is held.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._along_idle.wait(), self.settings.lease_seconds)
         try:
             await self._release(grace)
         finally:
@@ -269,14 +289,12 @@ class Worker:
         poll = self.settings.poll_seconds
         while not self._stopping:
             self._wake.clear()
-            free = min(
-                self.concurrency - self.handlers_running,
-                self.max_held - len(self.executions),
-            )
-            if free > 0:
+            free = self._free_slots()
+            if free > 0 and self._lane_outcomes_pending == 0:
                 want = min(free, self.batch_size)
                 sent_at = time.monotonic()
                 notifies = self._notifies
+                self._reserved += want
                 try:
                     with self.metrics.claim_seconds.time():
                         batch = await self.store.claim_batch(
@@ -297,12 +315,54 @@ class Worker:
                     self._backlog = True
                     await self._sleep_or_wake(poll)
                     continue
+                finally:
+                    self._reserved -= want
                 self._backlog = len(batch) == want or self._notifies != notifies
                 for claimed in batch:
                     self._start(claimed, sent_at)
                 if len(batch) == want:
                     continue  # there may be more waiting
             await self._sleep_or_wake(poll)
+
+    def _free_slots(self) -> int:
+        """Runs this worker may claim now: handler slots and held runs
+        left, less those promised to claims on their way."""
+        return (
+            min(
+                self.concurrency - self.handlers_running,
+                self.max_held - len(self.executions),
+            )
+            - self._reserved
+        )
+
+    def _claim_along(self) -> ClaimSpec | None:
+        """The claim to send with an outcome batch that ends lanes' runs
+        (see CompletionBatcher): as many runs as there are free slots."""
+        free = self._free_slots()
+        if self._stopping or free <= 0:
+            return None
+        want = min(free, self.batch_size)
+        self._reserved += want
+        self._along_in_flight += 1
+        self._along_idle.clear()
+        return ClaimSpec(
+            worker_id=self.worker_id,
+            limit=want,
+            lease_seconds=self.settings.lease_seconds,
+            agents=self.agents,
+            aging_seconds=self.settings.priority_aging_seconds,
+        )
+
+    def _claimed_along(self, claim: ClaimSpec, batch: list[ClaimedRun], sent_at: float) -> None:
+        self._reserved -= claim.limit
+        self._along_in_flight -= 1
+        if self._along_in_flight == 0:
+            self._along_idle.set()
+        self.claims_along += len(batch)
+        for claimed in batch:
+            self._start(claimed, sent_at)
+        if len(batch) == claim.limit:
+            self._backlog = True
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         # A timer rather than wait_for(), which would wrap each wait in a
@@ -332,7 +392,9 @@ class Worker:
             claim_sent_at=sent_at,
             metrics=self.metrics,
             completions=self.completions,
-            on_handler_end=self._handler_ended,
+            on_handler_end=(
+                self._handler_ended if run.lane_id is None else self._lane_handler_ended
+            ),
         )
         execution.context.database_url = self.url
         self.handlers_running += 1
@@ -351,6 +413,14 @@ class Worker:
         if self._backlog:
             self._wake.set()
 
+    def _lane_handler_ended(self) -> None:
+        """A lane's run: its outcome's batch claims along (the lane's next
+        run is dispatched in that transaction), so the claim loop is not
+        woken ahead of it, to an empty claim that would take the slot."""
+        self.handlers_running -= 1
+        self._lane_outcomes_pending += 1
+        self.metrics.running.set(self.handlers_running)
+
     async def _run(self, execution: Execution) -> None:
         try:
             await execution.run()
@@ -359,6 +429,8 @@ class Worker:
         finally:
             # Frees the slot too if run() ended without the handler's end.
             execution.close()
+            if execution.claimed.run.lane_id is not None:
+                self._lane_outcomes_pending -= 1
             # The same run may already be claimed again by this worker (a
             # retry with no delay): only forget this attempt's own entry.
             if self.executions.get(execution.run_id) is execution:

@@ -53,7 +53,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Checkouts are checked without a round trip (a connection the
         # server closed while idle is replaced, not handed to a request).
-        pool = create_pool(url, min_size=2, max_size=pool_size)
+        pool = create_pool(url, min_size=2, max_size=pool_size, check="quiet")
         await pool.open(wait=False)
         hub = EventHub(url, pool)
         runs = RunService(RunStore(pool), settings)

@@ -1,21 +1,26 @@
 -- A cheaper claim for the common case: no tenant has a cap.
 --
 -- runlane.claim_runs (0006) runs four statements and PostgreSQL plans each
--- of them again on every call (custom plans), which costs more than the
--- claim's own work: about 1 ms of a 2 ms single-run claim on the
--- benchmark machine (BENCHMARKS.md, sections 1 and 2).
+-- of them again on every call, which costs more than the claim's own work:
+-- about 1 ms of a 1.5-2 ms single-run claim on the benchmark machine
+-- (BENCHMARKS.md, sections 1 and 2).
 --
 -- So when runlane.tenant_limits is empty, claim_runs hands over to
--- runlane.claim_uncapped_runs, whose two statements are planned once per
--- session and the plans reused (force_generic_plan). A generic plan does
--- not know the values, so each statement is shaped to have one sensible
--- plan whatever they are: the candidate lists are index scans in the order
--- of a claim index under a LIMIT, and carry the columns the ranking needs
--- (no join back to runs, which a generic plan might make a hash join over
--- the whole table); the update finds its rows by primary key from an
--- array. Ordering, aging, SKIP LOCKED, attempt counting, lease token and
--- the attempts row are those of claim_runs; with caps, claim_runs is
+-- runlane.claim_uncapped_runs: two statements, simpler to plan. The
+-- candidate lists carry the columns the ranking needs (no join back to
+-- runs), and the update finds its rows by primary key from an array.
+-- Ordering, aging, SKIP LOCKED, attempt counting, lease token and the
+-- attempts row are those of claim_runs; with caps, claim_runs is
 -- unchanged.
+--
+-- Both claim functions plan every call (force_custom_plan). A plan kept
+-- for the session is cheaper, but it is made from the statistics of the
+-- moment: one made while the queue was empty (a seq scan and a sort are
+-- the cheapest way to read nothing) stays in use when a backlog of tens of
+-- thousands arrives, until the next ANALYZE, and makes every claim 10-20
+-- times slower (measured: 24 ms against 1.7 ms for 10 runs out of 30,000
+-- pending). With the default plan_cache_mode PostgreSQL switches to such a
+-- kept plan after five calls, so the 0006 claim had that trap too.
 --
 -- A cap created while a claim is under way applies from the next claim,
 -- as before: a claim never saw caps committed after its snapshot.
@@ -27,7 +32,7 @@ CREATE FUNCTION runlane.claim_uncapped_runs(
     p_aging_seconds double precision
 ) RETURNS SETOF runlane.runs
 LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     picked uuid[];
@@ -119,6 +124,8 @@ $$;
 -- The claim of 0006, kept for when caps exist; claim_runs picks the path.
 ALTER FUNCTION runlane.claim_runs(text, text[], integer, double precision, double precision)
     RENAME TO claim_capped_runs;
+ALTER FUNCTION runlane.claim_capped_runs(text, text[], integer, double precision, double precision)
+    SET plan_cache_mode = force_custom_plan;
 
 CREATE FUNCTION runlane.claim_runs(
     p_worker_id text,
