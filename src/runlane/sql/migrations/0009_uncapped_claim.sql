@@ -10,8 +10,8 @@
 -- candidate lists carry the columns the ranking needs (no join back to
 -- runs), and the update finds its rows by primary key from an array.
 -- Ordering, aging, SKIP LOCKED, attempt counting, lease token and the
--- attempts row are those of claim_runs; with caps, claim_runs is
--- unchanged.
+-- attempts row are those of claim_runs; with caps, the 0006 claim runs,
+-- renamed runlane.claim_capped_runs.
 --
 -- Both claim functions plan every call (force_custom_plan). A plan kept
 -- for the session is cheaper, but it is made from the statistics of the
