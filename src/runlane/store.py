@@ -435,9 +435,10 @@ class RunStore:
         params = self._finish_params(finishes)
         lane_ids = sorted({f.lane_id for f in finishes if f.lane_id is not None})
         claim_rows: list[DictRow] = []
-        claiming = claim is not None and (claim.agents is None or len(claim.agents) > 0)
+        if claim is not None and claim.agents is not None and not claim.agents:
+            claim = None  # serving no agent: nothing to claim
         async with self.pool.connection() as conn:
-            if not lane_ids and not claiming:
+            if not lane_ids and claim is None:
                 cur = await conn.execute(self._sql["finish_attempts"], params)
                 rows = await cur.fetchall()
             else:
@@ -448,7 +449,7 @@ class RunStore:
                         cur = await conn.execute(self._sql["finish_attempts"], params)
                         claim_cur = (
                             await conn.execute(self._sql["claim_batch"], claim.params())
-                            if claim is not None and claiming
+                            if claim is not None
                             else None
                         )
                     rows = await cur.fetchall()
