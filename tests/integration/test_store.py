@@ -196,6 +196,20 @@ async def test_claim_counts_an_attempt_and_writes_an_attempt_row(
     assert lease_left is not None and 25 < float(lease_left[0]) <= 30
 
 
+async def test_attempt_rows_belong_to_runs(service: RunService, store: RunStore, sql: Conn) -> None:
+    # The check moved to commit time (migration 0010); it must still hold.
+    run, _ = await service.submit("a", {})
+    await claim_one(store)
+    with pytest.raises(psycopg.errors.ForeignKeyViolation), sql.transaction():
+        sql.execute(
+            "INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)"
+            " VALUES (gen_random_uuid(), 1, 'w', gen_random_uuid())"
+        )
+    sql.execute("DELETE FROM runlane.runs WHERE id = %s", (run.id,))
+    left = sql.execute("SELECT count(*) FROM runlane.run_attempts").fetchone()
+    assert left == (0,)
+
+
 async def test_claim_can_be_limited_to_some_agents(service: RunService, store: RunStore) -> None:
     await service.submit("mail", {})
     wanted, _ = await service.submit("chat", {})
