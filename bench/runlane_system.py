@@ -36,6 +36,15 @@ def reset(url: str) -> None:
         conn.execute("DELETE FROM runlane.tenant_limits")
         # Undo the experiment of bench.runlane_variants, if one ran before.
         conn.execute("ALTER TABLE runlane.runs ENABLE TRIGGER runs_notify_status")
+        # Only when an experiment changed it: the ALTER locks both tables.
+        changed = conn.execute(
+            "SELECT NOT condeferred FROM pg_constraint WHERE conname = 'run_attempts_run_id_fkey'"
+        ).fetchone()
+        if changed and changed[0]:
+            conn.execute(
+                "ALTER TABLE runlane.run_attempts"
+                " ALTER CONSTRAINT run_attempts_run_id_fkey DEFERRABLE INITIALLY DEFERRED"
+            )
 
 
 def insert_pending(conn: psycopg.Connection[Any], n: int, *, start: int = 0) -> None:

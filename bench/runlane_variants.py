@@ -16,6 +16,10 @@ change the benchmark database or the worker's settings, never src/.
   so that every claim takes ``runlane.claim_capped_runs`` (the claim of
   migration 0006: four statements planned on each call) instead of
   ``runlane.claim_uncapped_runs`` (0009): the claim change's before/after.
+- ``runlane-immediate-attempt-check``: run_attempts' foreign key checked
+  at once again, as before migration 0010, so that the claim's check query
+  is planned for every claimed run (the claim functions' force_custom_plan
+  reaches it): 0010's before/after.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -88,6 +92,11 @@ VARIANTS = {
     "runlane-capped-claim": Variant(
         "runlane-capped-claim",
         sql="INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('nobody', 1)",
+    ),
+    "runlane-immediate-attempt-check": Variant(
+        "runlane-immediate-attempt-check",
+        sql="ALTER TABLE runlane.run_attempts"
+        " ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE",
     ),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
