@@ -5,11 +5,10 @@ so a busy worker writes many completions per round trip and an idle one
 writes each at once. Each outcome stays fenced by its own lease token.
 Lanes' runs join the same batches: the batch's transaction locks their
 lanes first, in id order (``RunStore.finish_attempts_status``). A batch
-can also claim, in the same transaction, what the worker has room for
-(``claim_along``; the worker says when: a batch that ends lanes' runs, so
-that their next runs, dispatched by the relay in that transaction, start
-without waiting for a NOTIFY and a claim of their own; and any batch while
-runs are waiting, one transaction per cycle instead of two).
+that ends lanes' runs also claims, in the same transaction, what the
+worker has room for (``claim_along``): the lanes' next runs, dispatched by
+the relay in that transaction, start without waiting for a NOTIFY and a
+claim of their own.
 """
 
 from __future__ import annotations
@@ -29,9 +28,9 @@ logger = logging.getLogger(__name__)
 
 Pending = tuple[Finish, asyncio.Future[RunStatus | None]]
 
-# Asked before a batch is written, with whether it ends lanes' runs: what
-# to claim along (None: nothing; the worker reserves the slots it hands out).
-ClaimAlong = Callable[[bool], ClaimSpec | None]
+# Asked before a batch with lanes' runs is written: what to claim along
+# (None: nothing; the worker reserves the slots it hands out).
+ClaimAlong = Callable[[], ClaimSpec | None]
 # Told after that batch, also when it failed (with no runs): the runs
 # claimed along and when the claim was sent (time.monotonic()).
 ClaimedAlong = Callable[[ClaimSpec, list[ClaimedRun], float], None]
@@ -78,8 +77,9 @@ class CompletionBatcher:
     async def _write(self, batch: list[Pending], *, claiming: bool = True) -> None:
         self.batches += 1
         claim = None
-        if claiming and self._claim_along is not None:
-            claim = self._claim_along(any(finish.lane_id is not None for finish, _ in batch))
+        lanes = any(finish.lane_id is not None for finish, _ in batch)
+        if claiming and lanes and self._claim_along is not None:
+            claim = self._claim_along()
         sent_at = time.monotonic()
         claimed: list[ClaimedRun] = []
         try:

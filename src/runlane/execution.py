@@ -60,7 +60,7 @@ class Execution:
         claim_sent_at: float,
         metrics: WorkerMetrics | None = None,
         completions: CompletionBatcher | None = None,
-        on_handler_end: Callable[[Execution], None] | None = None,
+        on_handler_end: Callable[[], None] | None = None,
     ) -> None:
         self._metrics = metrics
         self._completions = completions
@@ -129,7 +129,7 @@ class Execution:
             return
         self.handler_ended = True
         if self._on_handler_end is not None:
-            self._on_handler_end(self)
+            self._on_handler_end()
 
     async def run(self) -> None:
         """Runs the attempt to its end; never raises for the handler's sake."""

@@ -112,12 +112,11 @@ class Worker:
         # sent along with an outcome batch), so that the two never together
         # take more than the free slots.
         self._reserved = 0
-        # Attempts whose handler ended and whose outcome, not written yet,
-        # will claim along (a lane's run; any run while runs wait): the
-        # claim loop waits for those batches rather than race them to the
-        # slots (a lane's next run is dispatched only when that outcome
-        # commits; a backlog drains at one transaction per cycle).
-        self._outcomes_claiming_along: set[Execution] = set()
+        # Lanes' runs whose handler ended and whose outcome is not written
+        # yet: their batch will claim along, so the claim loop waits for it
+        # rather than race it to an empty claim (the lane's next run is
+        # dispatched only when that outcome commits).
+        self._lane_outcomes_pending = 0
         self._along_in_flight = 0
         self._along_idle = asyncio.Event()
         self._along_idle.set()
@@ -125,12 +124,12 @@ class Worker:
         self._wake = asyncio.Event()
         self._woken_by = "slot"
         # Whether runs may be waiting: the last claim was full, or a wake-up
-        # NOTIFY came after it was sent. Outcome batches claim along only
-        # then (or for lanes); the outcome's write wakes the claim loop, as
-        # do NOTIFY and the poll.
+        # NOTIFY came after it was sent. A handler's end claims at once only
+        # then; otherwise the outcome's write wakes the claim loop, as do
+        # NOTIFY and the poll (an empty claim there would only delay the
+        # claim that a NOTIFY, say a lane's relay, asks for).
         self._backlog = True
         self._notifies = 0
-        self._along_notifies = 0
         self._stopping = False
         self._claim_task: asyncio.Task[None] | None = None
         self.heartbeat = Heartbeat(
@@ -291,7 +290,7 @@ class Worker:
         while not self._stopping:
             self._wake.clear()
             free = self._free_slots()
-            if free > 0 and not self._outcomes_claiming_along:
+            if free > 0 and self._lane_outcomes_pending == 0:
                 want = min(free, self.batch_size)
                 sent_at = time.monotonic()
                 notifies = self._notifies
@@ -336,19 +335,14 @@ class Worker:
             - self._reserved
         )
 
-    def _claim_along(self, lanes: bool) -> ClaimSpec | None:
-        """The claim to send with an outcome batch (see CompletionBatcher):
-        as many runs as there are free slots, when the batch ends lanes'
-        runs (their next runs are dispatched in its transaction) or when
-        runs may be waiting. One transaction then ends a run and starts the
-        next, where the claim loop's claim would be a second round trip
-        and a second commit."""
+    def _claim_along(self) -> ClaimSpec | None:
+        """The claim to send with an outcome batch that ends lanes' runs
+        (see CompletionBatcher): as many runs as there are free slots."""
         free = self._free_slots()
-        if self._stopping or free <= 0 or not (lanes or self._backlog):
+        if self._stopping or free <= 0:
             return None
         want = min(free, self.batch_size)
         self._reserved += want
-        self._along_notifies = self._notifies
         self._along_in_flight += 1
         self._along_idle.clear()
         return ClaimSpec(
@@ -367,10 +361,8 @@ class Worker:
         self.claims_along += len(batch)
         for claimed in batch:
             self._start(claimed, sent_at)
-        # As after the claim loop's claims: a short claim means nothing
-        # more is waiting, unless a NOTIFY came since it was sent (the
-        # batcher sends one claim at a time, so one snapshot suffices).
-        self._backlog = len(batch) == claim.limit or self._notifies != self._along_notifies
+        if len(batch) == claim.limit:
+            self._backlog = True
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         # A timer rather than wait_for(), which would wrap each wait in a
@@ -400,7 +392,9 @@ class Worker:
             claim_sent_at=sent_at,
             metrics=self.metrics,
             completions=self.completions,
-            on_handler_end=self._handler_ended,
+            on_handler_end=(
+                self._handler_ended if run.lane_id is None else self._lane_handler_ended
+            ),
         )
         execution.context.database_url = self.url
         self.handlers_running += 1
@@ -411,15 +405,21 @@ class Worker:
             self._run(execution), name=f"runlane-attempt-{run.id}"
         )
 
-    def _handler_ended(self, execution: Execution) -> None:
+    def _handler_ended(self) -> None:
         """An attempt's handler is over (its outcome may still be on its
-        way to the database): its concurrency slot is free. For a lane's
-        run, or while runs wait, the outcome's batch claims for it
-        (``_claim_along``); the outcome's write wakes the claim loop."""
+        way to the database): its concurrency slot is free."""
         self.handlers_running -= 1
         self.metrics.running.set(self.handlers_running)
-        if execution.claimed.run.lane_id is not None or self._backlog:
-            self._outcomes_claiming_along.add(execution)
+        if self._backlog:
+            self._wake.set()
+
+    def _lane_handler_ended(self) -> None:
+        """A lane's run: its outcome's batch claims along (the lane's next
+        run is dispatched in that transaction), so the claim loop is not
+        woken ahead of it, to an empty claim that would take the slot."""
+        self.handlers_running -= 1
+        self._lane_outcomes_pending += 1
+        self.metrics.running.set(self.handlers_running)
 
     async def _run(self, execution: Execution) -> None:
         try:
@@ -429,7 +429,8 @@ class Worker:
         finally:
             # Frees the slot too if run() ended without the handler's end.
             execution.close()
-            self._outcomes_claiming_along.discard(execution)
+            if execution.claimed.run.lane_id is not None:
+                self._lane_outcomes_pending -= 1
             # The same run may already be claimed again by this worker (a
             # retry with no delay): only forget this attempt's own entry.
             if self.executions.get(execution.run_id) is execution:

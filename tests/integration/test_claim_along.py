@@ -57,47 +57,6 @@ async def test_a_lanes_next_run_starts_in_the_transaction_that_ended_the_last(
     assert [rows[i + 1][0] == rows[i][1] for i in range(len(rows) - 1)] == [True] * (len(texts) - 1)
 
 
-async def test_a_backlog_of_direct_runs_is_claimed_along(
-    service: RunService, settings: Settings, sql: Conn
-) -> None:
-    texts = [f"d{i}" for i in range(6)]
-    for text in texts:
-        await service.submit(AGENT, {"text": text})
-    started: list[str] = []
-    async with running_worker(recording_app(settings, started), settings, concurrency=1) as worker:
-
-        async def all_done() -> bool:
-            counts = await service.store.count_runs_by_status()
-            return counts.get(RunStatus.COMPLETED, 0) == len(texts)
-
-        await wait_until(all_done, timeout=30, message="the backlog drained")
-        # The first run comes from the claim loop, every later one along
-        # with its predecessor's outcome.
-        assert worker.claims_along == len(texts) - 1
-    assert started == texts
-    rows = sql.execute(
-        "SELECT started_at, ended_at FROM runlane.run_attempts ORDER BY started_at"
-    ).fetchall()
-    assert [rows[i + 1][0] == rows[i][1] for i in range(len(rows) - 1)] == [True] * (len(texts) - 1)
-
-
-async def test_an_idle_worker_claims_nothing_along(service: RunService, settings: Settings) -> None:
-    """With nothing waiting, an outcome is written alone: no empty claim
-    rides along with each one."""
-    started: list[str] = []
-    async with running_worker(recording_app(settings, started), settings, concurrency=4) as worker:
-        for i in range(3):
-            await service.submit(AGENT, {"text": f"i{i}"})
-
-            async def started_all(n: int = i + 1) -> bool:
-                counts = await service.store.count_runs_by_status()
-                return counts.get(RunStatus.COMPLETED, 0) == n
-
-            await wait_until(started_all, timeout=30, message=f"run {i} done")
-        assert worker.claims_along == 0
-        assert worker.completions.batches == 3
-
-
 async def test_the_claim_along_takes_the_best_run_not_the_lanes_own(
     service: RunService, lanes: LaneService, settings: Settings
 ) -> None:
