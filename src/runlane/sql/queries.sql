@@ -1,6 +1,15 @@
 -- Named queries of the run queue. Each block starts with "-- name: NAME";
 -- runlane.store owns them and is the only module that runs them.
 -- Every time comparison uses the database's now().
+--
+-- Fenced writes find their run by id and lease token only. A matching
+-- token means the run is leased (running or cancel_requested: the CHECK
+-- runs_lease_check ties the two), so a status test would add nothing but
+-- a plan risk: it lets PostgreSQL reach the row through the partial index
+-- of leased runs, which it does when its statistics say few runs are
+-- leased, and then it reads every leased run to find one (12-15 ms per
+-- event with 20,000 runs leased, instead of a primary-key lookup;
+-- tests/integration/test_query_plans.py).
 
 -- name: insert_run
 -- Inserts a run, or returns the existing one for the same idempotency key.
@@ -98,7 +107,6 @@ WITH seen AS (
 ), lockable AS (
     SELECT r.id FROM runlane.runs AS r JOIN held ON r.id = held.run_id
     WHERE r.lease_token = held.lease_token
-      AND r.status IN ('running', 'cancel_requested')
       AND r.lease_expires_at > now()
     FOR NO KEY UPDATE OF r SKIP LOCKED
 ), renewed AS (
@@ -113,7 +121,6 @@ SELECT held.run_id AS id, renewed.status, coalesce(renewed.steer_requested, fals
        renewed.id IS NOT NULL AS renewed,
        EXISTS (SELECT 1 FROM runlane.runs AS r
                WHERE r.id = held.run_id AND r.lease_token = held.lease_token
-                 AND r.status IN ('running', 'cancel_requested')
                  AND r.lease_expires_at > now()) AS still_held
 FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 
@@ -151,7 +158,6 @@ WITH input AS (
            END AS next_status
     FROM runlane.runs AS r JOIN input ON r.id = input.run_id
     WHERE r.lease_token = input.lease_token
-      AND r.status IN ('running', 'cancel_requested')
     ORDER BY r.id
     FOR UPDATE OF r
 ), finished AS (
@@ -206,7 +212,6 @@ WITH bumped AS (
     UPDATE runlane.runs
     SET last_event_seq = last_event_seq + 1
     WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-      AND status IN ('running', 'cancel_requested')
     RETURNING id, last_event_seq, claim_count
 )
 INSERT INTO runlane.run_events (run_id, seq, kind, data, attempt)
@@ -216,14 +221,12 @@ RETURNING seq;
 -- name: save_checkpoint
 UPDATE runlane.runs SET checkpoint = %(checkpoint)s
 WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-  AND status IN ('running', 'cancel_requested')
 RETURNING id;
 
 -- name: count_turn
 -- Fenced: one more model turn for the run; returns the new count.
 UPDATE runlane.runs SET turns = turns + 1
 WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-  AND status IN ('running', 'cancel_requested')
 RETURNING turns;
 
 -- name: get_effect
@@ -235,7 +238,6 @@ SELECT result FROM runlane.run_effects WHERE run_id = %(run_id)s AND key = %(key
 WITH owner AS (
     SELECT id, claim_count FROM runlane.runs
     WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-      AND status IN ('running', 'cancel_requested')
     FOR SHARE
 ), inserted AS (
     INSERT INTO runlane.run_effects (run_id, key, result, attempt)
