@@ -20,6 +20,8 @@ change the benchmark database or the worker's settings, never src/.
   at once again, as before migration 0010, so that the claim's check query
   is planned for every claimed run (the claim functions' force_custom_plan
   reaches it): 0010's before/after.
+- ``runlane-baseline-0009``: both: another checkout's worker on the
+  schema before 0010 (a before/after across both changes).
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -97,6 +99,14 @@ VARIANTS = {
         "runlane-immediate-attempt-check",
         sql="ALTER TABLE runlane.run_attempts"
         " ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE",
+    ),
+    # Another checkout's worker on the schema as it was before 0010: a
+    # whole session's before/after (RUNLANE_BENCH_BASELINE_SRC as below).
+    "runlane-baseline-0009": Variant(
+        "runlane-baseline-0009",
+        sql="ALTER TABLE runlane.run_attempts"
+        " ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE",
+        src_env="RUNLANE_BENCH_BASELINE_SRC",
     ),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
