@@ -1,16 +1,17 @@
-"""A leased run's fenced writes find it by primary key, whatever the
-statistics say.
+"""Queries read the rows they need, whatever the statistics say.
 
 PostgreSQL plans from statistics taken at the last ANALYZE. Taken while
 the runs were pending, they say almost nothing is leased; a fenced write
 that also tested the status could then go through the partial index of
 leased runs and read every leased run to find its one (measured: 12-15 ms
 per event with 20,000 runs leased). The plans are checked here rather than
-timed: a plan that reads the leased-runs index is the defect, at any size.
+timed: a plan that reads thousands of rows to answer a few is the defect,
+at any size.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from uuid import UUID
 
@@ -99,3 +100,67 @@ async def test_a_heartbeat_checks_each_lease_by_primary_key(
         },
     )
     assert "runs_leased_idx" not in shown, shown
+
+
+def most_rows_touched(shown: str) -> int:
+    """The most rows any plan node returned or filtered out."""
+    counts = [int(n) for n in re.findall(r"actual rows=(\d+)", shown)]
+    counts += [int(n) for n in re.findall(r"Rows Removed by (?:Join )?Filter: (\d+)", shown)]
+    return max(counts, default=0)
+
+
+HISTORY = 3000
+
+
+@pytest.fixture
+def history(sql: Conn) -> None:
+    """HISTORY runs completed a minute ago, analyzed."""
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+        " SELECT 'a', '{}', 3, 'completed', now() - interval '1 minute'"
+        " FROM generate_series(1, %s)",
+        (HISTORY,),
+    )
+    sql.execute("ANALYZE runlane.runs")
+
+
+async def test_queue_gauges_read_live_runs_only(history: None, store: RunStore, sql: Conn) -> None:
+    await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)  # nothing to claim
+    sql.execute("INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)")
+    shown = plan(sql, "queue_gauges", {"tenant": None})
+    assert most_rows_touched(shown) < 100, shown
+
+
+async def test_a_prune_pass_reads_only_the_runs_it_deletes(history: None, sql: Conn) -> None:
+    sql.execute(
+        "UPDATE runlane.runs SET finished_at = now() - interval '30 days'"
+        " WHERE id IN (SELECT id FROM runlane.runs LIMIT 5)"
+    )
+    shown = plan(
+        sql,
+        "prune_runs",
+        {
+            "statuses": ["completed", "failed", "dead", "cancelled"],
+            "older_than_seconds": [7 * 86400.0, 14 * 86400.0, 14 * 86400.0, 7 * 86400.0],
+            "batch": 100,
+        },
+    )
+    assert "rows=5 " in shown, shown  # the five due, deleted
+    assert most_rows_touched(shown) < 100, shown
+
+
+async def test_an_expired_interrupt_is_found_by_primary_key(history: None, sql: Conn) -> None:
+    # Statistics saw no interrupted run; now thousands wait, all expired.
+    sql.execute(
+        "UPDATE runlane.runs SET status = 'interrupted', finished_at = NULL,"
+        " interrupt_expires_at = now() - interval '1 minute'"
+    )
+    row = sql.execute("SELECT id FROM runlane.runs LIMIT 1").fetchone()
+    assert row is not None
+    text = ClientCursor(sql).mogrify(
+        named_queries("lanes.sql")["expire_interrupt"], {"run_id": row[0]}
+    )
+    with sql.transaction(force_rollback=True):
+        rows = sql.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + text).fetchall()
+    shown = "\n".join(str(r[0]) for r in rows)
+    assert most_rows_touched(shown) < 100, shown

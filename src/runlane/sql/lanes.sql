@@ -154,11 +154,15 @@ ORDER BY interrupt_expires_at
 LIMIT %(limit)s;
 
 -- name: expire_interrupt
--- The caller holds the run's lane lock (if it has a lane).
+-- The caller holds the run's lane lock (if it has a lane). The expiry test
+-- is wrapped (IS TRUE, the same meaning) so that it does not imply the
+-- predicate of runs_interrupt_expiry_idx: with statistics that saw no
+-- interrupted run, PostgreSQL would find this one run by reading that
+-- whole index instead of the primary key.
 UPDATE runlane.runs
 SET status = 'cancelled', finished_at = now(),
     error = jsonb_build_object('code', 'interrupt_expired',
                                'message', 'nobody answered the interrupt in time')
-WHERE id = %(run_id)s AND status = 'interrupted' AND interrupt_expires_at < now()
+WHERE id = %(run_id)s AND status = 'interrupted' AND (interrupt_expires_at < now()) IS TRUE
   AND NOT EXISTS (SELECT 1 FROM runlane.runs AS r WHERE r.resumed_from = %(run_id)s)
 RETURNING id;

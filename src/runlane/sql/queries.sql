@@ -402,18 +402,22 @@ RETURNING w.id;
 
 -- name: prune_runs
 -- One batch of finished runs older than the cutoff for their status; their
--- attempts, events and effects go with them (ON DELETE CASCADE).
+-- attempts, events and effects go with them (ON DELETE CASCADE). The
+-- shortest cutoff bounds the index scan: without it, a pass with fewer
+-- than a batch due read every finished run the retention keeps.
 WITH doomed AS (
     SELECT r.id FROM runlane.runs AS r
     JOIN unnest(%(statuses)s::text[], %(older_than_seconds)s::double precision[])
         AS keep(status, seconds) ON keep.status = r.status
     WHERE r.status IN ('completed', 'failed', 'dead', 'cancelled')
       AND r.finished_at < now() - make_interval(secs => keep.seconds)
+      AND r.finished_at < now() - make_interval(secs => (
+          SELECT min(s) FROM unnest(%(older_than_seconds)s::double precision[]) AS s))
     ORDER BY r.finished_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM runlane.runs AS r USING doomed WHERE r.id = doomed.id
+DELETE FROM runlane.runs AS r WHERE r.id = ANY(ARRAY(SELECT id FROM doomed))
 RETURNING r.id;
 
 -- name: prune_requests
@@ -434,11 +438,13 @@ RETURNING q.id;
 -- name: queue_gauges
 -- Pending and running runs by agent and tenant, read from the partial
 -- indexes of live rows only: cost grows with the backlog, never with history.
+-- Written as an OR of the two index predicates: a single IN list of the
+-- three statuses matches neither index, and PostgreSQL read the whole table.
 SELECT status, agent, tenant, count(*) AS count,
        extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'pending'))
            AS oldest_pending_seconds
 FROM runlane.runs
-WHERE status IN ('pending', 'running', 'cancel_requested')
+WHERE (status = 'pending' OR status IN ('running', 'cancel_requested'))
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 GROUP BY status, agent, tenant
 ORDER BY status, agent, tenant;
