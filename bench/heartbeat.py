@@ -37,7 +37,7 @@ SIZES: dict[str, dict[str, Any]] = {
 
 PER_RUN_UPDATE = """
 UPDATE runlane.runs SET lease_expires_at = now() + make_interval(secs => %s)
-WHERE id = %s AND lease_token = %s AND status IN ('running', 'cancel_requested')
+WHERE id = %s AND lease_token = %s
   AND lease_expires_at > now()
 """
 
