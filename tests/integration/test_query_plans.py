@@ -124,8 +124,7 @@ def history(sql: Conn) -> None:
     sql.execute("ANALYZE runlane.runs")
 
 
-async def test_queue_gauges_read_live_runs_only(history: None, store: RunStore, sql: Conn) -> None:
-    await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)  # nothing to claim
+async def test_queue_gauges_read_live_runs_only(history: None, sql: Conn) -> None:
     sql.execute("INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)")
     shown = plan(sql, "queue_gauges", {"tenant": None})
     assert most_rows_touched(shown) < 100, shown

@@ -7,7 +7,7 @@
 -- query per inserted row. Under that setting PostgreSQL planned the check
 -- query again for every row, and planning any query on runs weighs its
 -- indexes: 40% of the backend CPU of a 50-run claim went there (perf on
--- the backend; BENCHMARKS.md, third-session fixes).
+-- the backend; BENCHMARKS.md, fourth-session hot-path changes).
 --
 -- Checked at commit instead, the check runs outside the claim function,
 -- under the session's plan_cache_mode, and reuses its plan. The check
