@@ -85,6 +85,11 @@ class Variant:
         return runlane_system.spawn_worker(url, concurrency, env=self._env, src=self._src, **kwargs)
 
 
+# The schema before migration 0010: run_attempts' foreign key checked at once.
+IMMEDIATE_ATTEMPT_CHECK = (
+    "ALTER TABLE runlane.run_attempts ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE"
+)
+
 VARIANTS = {
     "runlane-no-status-notify": Variant(
         "runlane-no-status-notify",
@@ -97,15 +102,13 @@ VARIANTS = {
     ),
     "runlane-immediate-attempt-check": Variant(
         "runlane-immediate-attempt-check",
-        sql="ALTER TABLE runlane.run_attempts"
-        " ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE",
+        sql=IMMEDIATE_ATTEMPT_CHECK,
     ),
     # Another checkout's worker on the schema as it was before 0010: a
     # whole session's before/after (RUNLANE_BENCH_BASELINE_SRC as below).
     "runlane-baseline-0009": Variant(
         "runlane-baseline-0009",
-        sql="ALTER TABLE runlane.run_attempts"
-        " ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE",
+        sql=IMMEDIATE_ATTEMPT_CHECK,
         src_env="RUNLANE_BENCH_BASELINE_SRC",
     ),
     # The same worker from another checkout, in the same rounds:

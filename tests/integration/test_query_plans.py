@@ -43,8 +43,8 @@ async def leased(store: RunStore, sql: Conn) -> list[tuple[UUID, UUID]]:
     return runs
 
 
-def plan(sql: Conn, name: str, params: dict[str, Any]) -> str:
-    text = ClientCursor(sql).mogrify(named_queries()[name], params)
+def plan(sql: Conn, name: str, params: dict[str, Any], file_name: str = "queries.sql") -> str:
+    text = ClientCursor(sql).mogrify(named_queries(file_name)[name], params)
     with sql.transaction(force_rollback=True):
         rows = sql.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + text).fetchall()
     return "\n".join(str(row[0]) for row in rows)
@@ -157,10 +157,5 @@ async def test_an_expired_interrupt_is_found_by_primary_key(history: None, sql: 
     )
     row = sql.execute("SELECT id FROM runlane.runs LIMIT 1").fetchone()
     assert row is not None
-    text = ClientCursor(sql).mogrify(
-        named_queries("lanes.sql")["expire_interrupt"], {"run_id": row[0]}
-    )
-    with sql.transaction(force_rollback=True):
-        rows = sql.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + text).fetchall()
-    shown = "\n".join(str(r[0]) for r in rows)
+    shown = plan(sql, "expire_interrupt", {"run_id": row[0]}, "lanes.sql")
     assert most_rows_touched(shown) < 100, shown
