@@ -102,6 +102,22 @@ async def test_a_heartbeat_checks_each_lease_by_primary_key(
     assert "runs_leased_idx" not in shown, shown
 
 
+async def test_reaping_one_lane_run_finds_it_by_primary_key(
+    leased: list[tuple[UUID, UUID]], sql: Conn
+) -> None:
+    run_id, _ = leased[LEASED // 2]
+    sql.execute(
+        "UPDATE runlane.runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        (run_id,),
+    )
+    params = {"run_id": run_id, "limit": 1}
+    with sql.transaction(force_rollback=True):
+        reaped = sql.execute(named_queries("queries.sql")["reap_expired_leases"], params)
+        assert [row[0] for row in reaped.fetchall()] == [run_id]
+    shown = plan(sql, "reap_expired_leases", params)
+    assert most_rows_touched(shown) < 100, shown
+
+
 def most_rows_touched(shown: str) -> int:
     """The most rows any plan node returned or filtered out."""
     counts = [int(n) for n in re.findall(r"actual rows=(\d+)", shown)]
@@ -159,3 +175,134 @@ async def test_an_expired_interrupt_is_found_by_primary_key(history: None, sql: 
     assert row is not None
     shown = plan(sql, "expire_interrupt", {"run_id": row[0]}, "lanes.sql")
     assert most_rows_touched(shown) < 100, shown
+
+
+LANE_RUNS = 1000
+
+PRUNE_ALL = {
+    "statuses": ["completed", "failed", "dead", "cancelled"],
+    "older_than_seconds": [7 * 86400.0] * 4,
+    "batch": 500,
+}
+
+
+@pytest.fixture
+def lane_history(history: None, sql: Conn) -> None:
+    """Besides HISTORY direct runs: LANE_RUNS lane runs, each linked with
+    its request both ways, finished 30 days ago, analyzed."""
+    sql.execute(
+        "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+        " SELECT 'default', 'default', 'a', 't' || g FROM generate_series(1, 100) AS g"
+    )
+    sql.execute(
+        """
+        WITH first_lane AS (SELECT min(id) AS id FROM runlane.lanes), made AS (
+            INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at,
+                                      kind, lane_id)
+            SELECT 'a', '{}', 3, 'completed', now() - interval '30 days', 'request',
+                   first_lane.id + g %% 100
+            FROM generate_series(1, %s) AS g, first_lane
+            RETURNING id, lane_id, seq
+        )
+        INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,
+                                      max_attempts, request_order, run_id, dispatched_at)
+        SELECT 'r' || seq, 'default', lane_id, 'enqueue', 'dispatched', '{}', 3, seq, id,
+               now() - interval '30 days'
+        FROM made
+        """,
+        (LANE_RUNS,),
+    )
+    sql.execute(
+        "UPDATE runlane.runs AS r SET request_id = q.id"
+        " FROM runlane.requests AS q WHERE q.run_id = r.id"
+    )
+    sql.execute("ANALYZE runlane.runs, runlane.requests")
+
+
+def sequential_scans(sql: Conn, table: str) -> int:
+    """Whole-table reads of runlane.<table> this session has not yet
+    reported (PostgreSQL 15 reports at most once a second, never inside a
+    transaction): compare two readings taken in one transaction."""
+    row = sql.execute(
+        "SELECT seq_scan FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'runlane' AND relname = %s",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_pruning_runs_finds_their_requests_by_index(lane_history: None, sql: Conn) -> None:
+    # Deleting a run sets its request's run_id to NULL (ON DELETE SET NULL):
+    # one lookup per deleted run, which must not read the whole table.
+    with sql.transaction(force_rollback=True):
+        before = sequential_scans(sql, "requests")
+        deleted = sql.execute(named_queries("queries.sql")["prune_runs"], PRUNE_ALL).fetchall()
+        assert len(deleted) == 500
+        assert sequential_scans(sql, "requests") == before
+        row = sql.execute("SELECT count(*) FROM runlane.requests WHERE run_id IS NULL").fetchone()
+        assert row == (500,)
+
+
+async def test_pruning_requests_finds_their_runs_by_index(lane_history: None, sql: Conn) -> None:
+    # A request whose run is gone is pruned; deleting it looks for runs
+    # that still name it (runs.request_id, ON DELETE SET NULL).
+    queries = named_queries("queries.sql")
+    with sql.transaction(force_rollback=True):
+        sql.execute(queries["prune_runs"], PRUNE_ALL)
+        before = sequential_scans(sql, "runs")
+        deleted = sql.execute(
+            queries["prune_requests"], {"older_than_seconds": 7 * 86400.0, "batch": 500}
+        ).fetchall()
+        assert len(deleted) == 500
+        assert sequential_scans(sql, "runs") == before
+
+
+async def test_continuing_a_lane_finds_the_head_request_by_run(
+    lane_history: None, sql: Conn
+) -> None:
+    row = sql.execute("SELECT run_id FROM runlane.requests LIMIT 1").fetchone()
+    assert row is not None
+    shown = plan(sql, "request_of_run", {"run_id": row[0]}, "lanes.sql")
+    assert "requests_run_idx" in shown, shown
+
+
+def rows_read(sql: Conn, table: str) -> int:
+    """Rows of runlane.<table> read by any scan and not yet reported (as
+    sequential_scans: compare two readings in one transaction)."""
+    row = sql.execute(
+        "SELECT seq_tup_read + idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'runlane' AND relname = %s",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("agents", [["a"], None], ids=["by-agent", "any-agent"])
+async def test_a_claim_planned_on_an_empty_queue_reads_only_what_it_claims(
+    sql: Conn, agents: list[str] | None
+) -> None:
+    # The claim keeps its plans for the session: the first ones are made
+    # here, on a table analyzed empty, where a sequential scan and a sort
+    # look cheapest. Then a backlog arrives, unseen by the statistics.
+    claim = named_queries("queries.sql")["claim_batch"]
+    params = {
+        "worker_id": "w",
+        "agents": agents,
+        "limit": 5,
+        "lease_seconds": 30.0,
+        "aging_seconds": 60.0,
+    }
+    sql.execute("ANALYZE runlane.runs")
+    for _ in range(6):
+        assert sql.execute(claim, params).fetchall() == []
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, priority)"
+        " SELECT 'a', '{}', 3, g % 3 FROM generate_series(1, 3000) AS g"
+    )
+    with sql.transaction(force_rollback=True):
+        before = rows_read(sql, "runs")
+        claimed = sql.execute(claim, params).fetchall()
+        assert len(claimed) == 5
+        assert rows_read(sql, "runs") - before < 100

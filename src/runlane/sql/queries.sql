@@ -305,14 +305,26 @@ WHERE NOT EXISTS (SELECT 1 FROM requeued);
 -- dead; an expired cancel_requested becomes cancelled. Without run_id, a
 -- batch of direct runs; with run_id, that one lane run, whose lane the
 -- caller has locked first (lane before run, as every lane writer does).
-WITH expired AS (
+-- The one run is found by primary key: its status test, wrapped in IS
+-- TRUE, does not imply the predicate of runs_leased_idx, through which
+-- statistics taken while few runs were leased made PostgreSQL read every
+-- leased run to find this one. Each branch keeps its shape whatever the
+-- parameters, so a plan kept for the prepared statement serves both.
+WITH expired_direct AS (
     SELECT id, lease_token FROM runlane.runs
-    WHERE status IN ('running', 'cancel_requested') AND lease_expires_at < now()
-      AND CASE WHEN %(run_id)s::uuid IS NULL THEN lane_id IS NULL
-               ELSE id = %(run_id)s::uuid END
+    WHERE %(run_id)s::uuid IS NULL
+      AND status IN ('running', 'cancel_requested') AND lease_expires_at < now()
+      AND lane_id IS NULL
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), expired_one AS (
+    SELECT id, lease_token FROM runlane.runs
+    WHERE id = %(run_id)s::uuid
+      AND (status IN ('running', 'cancel_requested') AND lease_expires_at < now()) IS TRUE
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT * FROM expired_direct UNION ALL SELECT * FROM expired_one
 ), reaped AS (
     UPDATE runlane.runs AS r
     SET status = CASE

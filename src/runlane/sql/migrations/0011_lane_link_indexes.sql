@@ -1,0 +1,21 @@
+-- Indexes under the two links between runs and requests.
+--
+-- requests.run_id and runs.request_id each reference the other table ON
+-- DELETE SET NULL, and PostgreSQL keeps that promise with one query per
+-- deleted row on the referencing side: deleting a run looks for requests
+-- with that run_id, deleting a request for runs with that request_id.
+-- Neither column had an index, so every run the pruner deleted read the
+-- whole requests table, and every request it deleted read the whole runs
+-- table. Measured before this migration: one prune batch of 500 lane runs
+-- with 50,000 requests in the table took 4.4 s; with the index, 50 ms.
+--
+-- request_of_run (continue a paused lane) finds its request by run_id too.
+--
+-- Both are partial: a queued request has no run yet, a direct run has no
+-- request, and neither needs an entry.
+--
+-- A plain CREATE INDEX (migrations run in a transaction) blocks writes to
+-- each table while it builds: on a large installation, apply it in a quiet
+-- minute (docs/operations.md).
+CREATE INDEX requests_run_idx ON runlane.requests (run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX runs_request_idx ON runlane.runs (request_id) WHERE request_id IS NOT NULL;
