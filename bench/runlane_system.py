@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from bench.common import AGENT, Proc, spawn
+from runlane.migrations import available_migrations
 
 NAME = "runlane"
 
@@ -45,6 +46,17 @@ def reset(url: str) -> None:
                 "ALTER TABLE runlane.run_attempts"
                 " ALTER CONSTRAINT run_attempts_run_id_fkey DEFERRABLE INITIALLY DEFERRED"
             )
+        # The claim's settings of migration 0012, if an experiment reset them.
+        kept = conn.execute(
+            "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
+            " WHERE oid = 'runlane.claim_uncapped_runs'::regproc"
+        ).fetchone()
+        if kept and not kept[0]:
+            conn.execute(_migration_sql(12).encode())
+
+
+def _migration_sql(version: int) -> str:
+    return next(m.sql for m in available_migrations() if m.version == version)
 
 
 def insert_pending(conn: psycopg.Connection[Any], n: int, *, start: int = 0) -> None:

@@ -20,6 +20,9 @@ change the benchmark database or the worker's settings, never src/.
   at once again, as before migration 0010, so that the claim's check query
   is planned for every claimed run (the claim functions' force_custom_plan
   reaches it): 0010's before/after.
+- ``runlane-claim-planned-each-call``: the uncapped claim planned again on
+  every call (``force_custom_plan``, as before migration 0012) instead of
+  keeping plans pinned to the claim indexes: 0012's before/after.
 - ``runlane-baseline-0009``: both: another checkout's worker on the
   schema before 0010 (a before/after across both changes).
 - ``runlane-baseline``: the worker of another checkout
@@ -90,6 +93,13 @@ IMMEDIATE_ATTEMPT_CHECK = (
     "ALTER TABLE runlane.run_attempts ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE"
 )
 
+# The uncapped claim as before migration 0012: planned on every call.
+UNCAPPED_CLAIM = "runlane.claim_uncapped_runs(text, text[], integer, float8, float8)"
+CLAIM_PLANNED_EACH_CALL = (
+    f"ALTER FUNCTION {UNCAPPED_CLAIM} RESET ALL;"
+    f" ALTER FUNCTION {UNCAPPED_CLAIM} SET plan_cache_mode = force_custom_plan"
+)
+
 VARIANTS = {
     "runlane-no-status-notify": Variant(
         "runlane-no-status-notify",
@@ -99,6 +109,9 @@ VARIANTS = {
     "runlane-capped-claim": Variant(
         "runlane-capped-claim",
         sql="INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('nobody', 1)",
+    ),
+    "runlane-claim-planned-each-call": Variant(
+        "runlane-claim-planned-each-call", sql=CLAIM_PLANNED_EACH_CALL
     ),
     "runlane-immediate-attempt-check": Variant(
         "runlane-immediate-attempt-check",
