@@ -295,7 +295,19 @@ def serve(url: str, port: int) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     app = create_app(Settings(database_url=url), url)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    # Keep-alive longer than uvicorn's 5 s, so that a load-generator
+    # connection left idle meanwhile (its warm-up waits for all 32, after
+    # the SSE round of the previous round) is not closed by the server just
+    # as the client reuses it: the fifth session's first run of this
+    # benchmark stopped at round 1 on such an httpx.ReadError.
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=60,
+    )
 
 
 async def load(base: str, key: str, connections: int, seconds: float) -> dict[str, Any]:

@@ -302,6 +302,25 @@ CLAIM_INDEXES = {
 }
 
 
+def claim_params(agents: list[str] | None, limit: int) -> dict[str, Any]:
+    """claim_batch's parameters for worker w."""
+    return {
+        "worker_id": "w",
+        "agents": agents,
+        "limit": limit,
+        "lease_seconds": 30.0,
+        "aging_seconds": 60.0,
+    }
+
+
+def add_pending_runs(sql: Conn, n: int) -> None:
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, priority)"
+        " SELECT 'a', '{}', 3, g %% 3 FROM generate_series(1, %s) AS g",
+        (n,),
+    )
+
+
 @pytest.mark.parametrize("agents", [["a"], None], ids=["by-agent", "any-agent"])
 async def test_a_claim_planned_on_an_empty_queue_reads_only_what_it_claims(
     sql: Conn, agents: list[str] | None
@@ -310,20 +329,11 @@ async def test_a_claim_planned_on_an_empty_queue_reads_only_what_it_claims(
     # here, on a table analyzed empty, where a sequential scan and a sort
     # look cheapest. Then a backlog arrives, unseen by the statistics.
     claim = named_queries("queries.sql")["claim_batch"]
-    params = {
-        "worker_id": "w",
-        "agents": agents,
-        "limit": 5,
-        "lease_seconds": 30.0,
-        "aging_seconds": 60.0,
-    }
+    params = claim_params(agents, 5)
     sql.execute("ANALYZE runlane.runs")
     for _ in range(6):
         assert sql.execute(claim, params).fetchall() == []
-    sql.execute(
-        "INSERT INTO runlane.runs (agent, input, max_attempts, priority)"
-        " SELECT 'a', '{}', 3, g % 3 FROM generate_series(1, 3000) AS g"
-    )
+    add_pending_runs(sql, 3000)
     with sql.transaction(force_rollback=True):
         before = rows_read(sql, "runs")
         claimed = sql.execute(claim, params).fetchall()
@@ -341,25 +351,13 @@ async def test_a_claim_planned_on_one_run_reads_only_claim_indexes(
     # the wake-up benchmark read runs_owner_listing_idx whole); they are
     # kept when the table has grown.
     claim = named_queries("queries.sql")["claim_batch"]
-    params = {
-        "worker_id": "w",
-        "agents": agents,
-        "limit": 10,
-        "lease_seconds": 30.0,
-        "aging_seconds": 60.0,
-    }
-    sql.execute(
-        "INSERT INTO runlane.runs (agent, input, max_attempts)"
-        " SELECT 'a', '{}', 3 FROM generate_series(1, 3000)"
-    )
+    params = claim_params(agents, 10)
+    add_pending_runs(sql, 3000)
     sql.execute("ANALYZE runlane.runs")
     sql.execute("TRUNCATE runlane.runs CASCADE")
-    sql.execute("INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)")
+    add_pending_runs(sql, 1)
     assert len(sql.execute(claim, params).fetchall()) == 1
-    sql.execute(
-        "INSERT INTO runlane.runs (agent, input, max_attempts)"
-        " SELECT 'a', '{}', 3 FROM generate_series(1, 3000)"
-    )
+    add_pending_runs(sql, 3000)
     with sql.transaction(force_rollback=True):
         scans_before = index_scans(sql, "runs")
         rows_before = rows_read(sql, "runs")
