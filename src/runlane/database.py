@@ -49,14 +49,6 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
     # Autocommit by default: every store call is one statement or opens an
     # explicit short transaction.
     await conn.set_autocommit(True)
-    # psycopg prepares a statement run more than five times, and PostgreSQL
-    # then keeps one plan for it, made for the table as it was: a finish
-    # planned while runs held a hundred rows joined them by a sequential
-    # scan, and kept doing so with 30,000 (the wake-up benchmark's worker
-    # fell seconds behind). Each execution is planned for its parameters
-    # and the table as it is now; the uncapped claim keeps its own pinned
-    # plans (migration 0012), which this does not reach.
-    await conn.execute("SET plan_cache_mode = force_custom_plan")
 
 
 async def check_without_round_trip(conn: AsyncConnection[DictRow]) -> None:
