@@ -20,8 +20,10 @@ import pytest
 from psycopg import ClientCursor
 from psycopg.types.json import Jsonb
 
+from runlane.database import create_pool
+from runlane.models import Outcome, RunStatus
 from runlane.queries import named_queries
-from runlane.store import RunStore
+from runlane.store import Finish, RunStore
 
 Conn = psycopg.Connection[Any]
 LEASED = 2000
@@ -364,3 +366,55 @@ async def test_a_claim_planned_on_one_run_reads_only_claim_indexes(
         scanned = {name for name, n in scans_after.items() if n > scans_before[name]}
         assert scanned <= CLAIM_INDEXES, scanned
         assert rows_read(sql, "runs") - rows_before < 100
+
+
+async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
+    db_url: str, sql: Conn
+) -> None:
+    # One pool connection, as a worker's: its finish statement runs often
+    # enough on a small table to be prepared, and PostgreSQL would keep a
+    # plan that joins the batch to runs by reading the whole table.
+    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    try:
+        store = RunStore(pool)
+
+        async def claim_and_finish_one() -> None:
+            claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
+            assert len(claimed) == 1
+            await store.finish_attempts_status(
+                [Finish(claimed[0].run.id, claimed[0].lease_token, Outcome.COMPLETED)]
+            )
+
+        async def runs_rows_read() -> int:
+            # Reported and not yet reported, read in one statement.
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
+                    " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0) AS n"
+                    " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x"
+                    " USING (relid) WHERE t.schemaname = 'runlane' AND t.relname = 'runs'"
+                )
+                row = await cur.fetchone()
+            assert row is not None
+            return int(row["n"])
+
+        for _ in range(12):
+            sql.execute(
+                "INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)"
+            )
+            await claim_and_finish_one()
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+            " SELECT 'a', '{}', 3, 'completed', now() FROM generate_series(1, 3000)"
+        )
+        sql.execute("INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)")
+        claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
+        before = await runs_rows_read()
+        statuses = await store.finish_attempts_status(
+            [Finish(claimed[0].run.id, claimed[0].lease_token, Outcome.COMPLETED)]
+        )
+        assert statuses == {claimed[0].run.id: RunStatus.COMPLETED}
+        assert await runs_rows_read() - before < 100
+    finally:
+        await pool.close()
