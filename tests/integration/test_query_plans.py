@@ -418,3 +418,29 @@ async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
         assert await runs_rows_read() - before < 100
     finally:
         await pool.close()
+
+
+async def test_a_claim_for_one_agent_reads_only_that_agents_runs(sql: Conn) -> None:
+    # Statistics taken when other agents' runs had finished and nothing was
+    # pending; then another agent's backlog arrives, with five runs of this
+    # worker's agent behind it.
+    claim = named_queries("queries.sql")["claim_batch"]
+    params = claim_params(["a"], 5)
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+        " SELECT 'x' || g %% 10, '{}', 3, 'completed', now() FROM generate_series(1, %s) AS g",
+        (1000,),
+    )
+    sql.execute("ANALYZE runlane.runs")
+    for _ in range(6):
+        assert sql.execute(claim, params).fetchall() == []
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts)"
+        " SELECT 'other', '{}', 3 FROM generate_series(1, 3000)"
+    )
+    add_pending_runs(sql, 5)
+    with sql.transaction(force_rollback=True):
+        before = rows_read(sql, "runs")
+        claimed = sql.execute(claim, params).fetchall()
+        assert [row[4] for row in claimed] == ["a"] * 5  # agent
+        assert rows_read(sql, "runs") - before < 100
