@@ -12,12 +12,13 @@
 -- a sort: the cheapest way to read a table that the statistics say is
 -- empty. Inside this function those plan shapes are turned off, so the
 -- plan made once is the ordered index scan of a claim index with its
--- LIMIT, which reads as many rows as it claims at any queue length, and
--- the update finds its runs by primary key. A sort remains only where
--- nothing else can order the rows (the candidates' effective priority,
--- at most twice the limit). jit is off because the disabled plan shapes
--- raise the estimated costs above jit's thresholds, and compiling the
--- plan would cost far more than running it.
+-- LIMIT, which reads as many rows as it claims at any queue length. (The
+-- update's lookup of the picked runs by id could still go through another
+-- index holding id: 0013 makes it a lookup by row address.) A sort remains
+-- only where nothing else can order the rows (the candidates' effective
+-- priority, at most twice the limit). jit is off because the disabled plan
+-- shapes raise the estimated costs above jit's thresholds, and compiling
+-- the plan would cost far more than running it.
 ALTER FUNCTION runlane.claim_uncapped_runs(text, text[], integer, double precision, double precision)
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION runlane.claim_uncapped_runs(text, text[], integer, double precision, double precision)
