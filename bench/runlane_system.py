@@ -27,10 +27,21 @@ def setup(url: str) -> None:
 
 def reset(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "TRUNCATE runlane.runs, runlane.run_attempts, runlane.run_events,"
-            " runlane.run_effects, runlane.requests, runlane.lanes, runlane.workers CASCADE"
-        )
+        # A worker kept across resets (the wake-up benchmark's) renews its
+        # leases and its workers row while the TRUNCATE takes its tables one
+        # by one, so either can be chosen as a deadlock's victim (the fifth
+        # session saw both): the worker retries its heartbeat, this retries.
+        for attempt in range(5):
+            try:
+                conn.execute(
+                    "TRUNCATE runlane.runs, runlane.run_attempts, runlane.run_events,"
+                    " runlane.run_effects, runlane.requests, runlane.lanes,"
+                    " runlane.workers CASCADE"
+                )
+                break
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 4:
+                    raise
         # Not in the TRUNCATE: a worker still running (the wake-up benchmark
         # keeps one across resets) reads tenant_limits before runs in every
         # claim, and TRUNCATE locks runs first, so taking both would deadlock.
