@@ -64,6 +64,12 @@ class NewRun:
 _UNPREPARED = frozenset({"finish_attempts", "renew_leases"})
 
 
+def _prepare(name: str) -> bool | None:
+    """psycopg's ``prepare`` for the named query: False for _UNPREPARED,
+    else its default (prepare after five runs)."""
+    return False if name in _UNPREPARED else None
+
+
 @dataclass(frozen=True, slots=True)
 class Finish:
     """How one attempt ends (see the finish_attempts query)."""
@@ -136,8 +142,7 @@ class RunStore:
 
     async def _fetch_all(self, name: str, params: dict[str, Any]) -> list[DictRow]:
         async with self.pool.connection() as conn:
-            prepare = False if name in _UNPREPARED else None
-            cur = await conn.execute(self._sql[name], params, prepare=prepare)
+            cur = await conn.execute(self._sql[name], params, prepare=_prepare(name))
             return await cur.fetchall()
 
     async def _fetch_one(self, name: str, params: dict[str, Any]) -> DictRow | None:
@@ -453,18 +458,17 @@ class RunStore:
         if claim is not None and claim.agents is not None and not claim.agents:
             claim = None  # serving no agent: nothing to claim
         async with self.pool.connection() as conn:
-            # Never prepared: see _UNPREPARED.
+            finish = self._sql["finish_attempts"]
+            unprepared = _prepare("finish_attempts")
             if not lane_ids and claim is None:
-                cur = await conn.execute(self._sql["finish_attempts"], params, prepare=False)
+                cur = await conn.execute(finish, params, prepare=unprepared)
                 rows = await cur.fetchall()
             else:
                 async with conn.pipeline():
                     async with conn.transaction():
                         if lane_ids:
                             await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
-                        cur = await conn.execute(
-                            self._sql["finish_attempts"], params, prepare=False
-                        )
+                        cur = await conn.execute(finish, params, prepare=unprepared)
                         claim_cur = (
                             await conn.execute(self._sql["claim_batch"], claim.params())
                             if claim is not None
