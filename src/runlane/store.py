@@ -52,16 +52,16 @@ class NewRun:
 
 # Statements that join runs to a batch given as arrays are never prepared.
 # psycopg prepares a statement run more than five times, and PostgreSQL then
-# keeps one plan for it, made for the table as it was: the outcome write of
-# a long-lived worker, planned while runs held ~140 rows, joined its batch
-# to runs by a sequential scan and kept doing so at 30,000 rows (30-40 ms
-# per batch; the wake-up benchmark's loaded phase fell seconds behind).
-# Unprepared, each execution is planned for its batch and the table as it
-# is now (~0.5 ms of planning per batch). Setting plan_cache_mode for the
-# whole session instead also re-planned every foreign-key check and trigger
-# statement per row (in its benchmark sweep, PostgreSQL CPU per run at
-# concurrency 10 was 0.51 ms against 0.37 ms in the sweep before).
-_UNPREPARED = frozenset({"finish_attempts", "renew_leases"})
+# keeps one plan for it, made for the table as it was: a join of the batch
+# to runs planned while runs held ~140 rows used a sequential scan of runs
+# and kept doing so at 30,000 rows (the outcome write took 30-40 ms per
+# batch that way before migration 0015 moved it into a function with pinned
+# plans). Unprepared, each execution is planned for its batch and the table
+# as it is now. Setting plan_cache_mode for the whole session instead also
+# re-planned every foreign-key check and trigger statement per row (in its
+# benchmark sweep, PostgreSQL CPU per run at concurrency 10 was 0.51 ms
+# against 0.37 ms in the sweep before).
+_UNPREPARED = frozenset({"renew_leases"})
 
 
 def _prepare(name: str) -> bool | None:
@@ -459,16 +459,15 @@ class RunStore:
             claim = None  # serving no agent: nothing to claim
         async with self.pool.connection() as conn:
             finish = self._sql["finish_attempts"]
-            unprepared = _prepare("finish_attempts")
             if not lane_ids and claim is None:
-                cur = await conn.execute(finish, params, prepare=unprepared)
+                cur = await conn.execute(finish, params)
                 rows = await cur.fetchall()
             else:
                 async with conn.pipeline():
                     async with conn.transaction():
                         if lane_ids:
                             await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
-                        cur = await conn.execute(finish, params, prepare=unprepared)
+                        cur = await conn.execute(finish, params)
                         claim_cur = (
                             await conn.execute(self._sql["claim_batch"], claim.params())
                             if claim is not None

@@ -139,66 +139,15 @@ FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 -- A retry, release, steer or interrupt of a run with a cancel request ends it
 -- cancelled, so a cancel is never lost; with attempts exhausted a retry
 -- ends dead. For a lane's run the caller holds the lane's row lock, and the
--- runs_relay_lane trigger relays in this same transaction.
-WITH input AS (
-    SELECT * FROM unnest(
-        %(run_ids)s::uuid[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
-        %(outputs)s::jsonb[], %(errors)s::jsonb[], %(retry_delays)s::double precision[],
-        %(interrupts)s::jsonb[], %(interrupt_expires)s::double precision[]
-    ) AS i(run_id, lease_token, outcome, output, error, retry_delay, interrupt, expires_in)
-), target AS (
-    SELECT r.id, input.*,
-           CASE
-               WHEN input.outcome IN ('retry', 'released', 'steered', 'interrupted')
-                    AND r.status = 'cancel_requested' THEN 'cancelled'
-               WHEN input.outcome = 'steered' THEN 'completed'
-               WHEN input.outcome NOT IN ('retry', 'released') THEN input.outcome
-               WHEN r.attempts >= r.max_attempts THEN 'dead'
-               ELSE 'pending'
-           END AS next_status
-    FROM runlane.runs AS r JOIN input ON r.id = input.run_id
-    WHERE r.lease_token = input.lease_token
-    ORDER BY r.id
-    FOR UPDATE OF r
-), finished AS (
-    UPDATE runlane.runs AS r
-    SET status = target.next_status,
-        available_at = CASE
-            WHEN target.next_status <> 'pending' THEN r.available_at
-            WHEN target.outcome = 'retry' THEN now() + make_interval(secs =>
-                least(coalesce(target.retry_delay, runlane.backoff_seconds(r.attempts)),
-                      31536000))
-            ELSE now()
-        END,
-        output = CASE WHEN target.next_status = 'completed' THEN target.output END,
-        outcome = CASE WHEN target.next_status = 'completed' AND target.outcome = 'steered'
-                       THEN 'steered' END,
-        interrupt = CASE WHEN target.next_status = 'interrupted' THEN target.interrupt END,
-        interrupt_expires_at = CASE
-            WHEN target.next_status = 'interrupted' AND target.expires_in IS NOT NULL
-                THEN now() + make_interval(secs => least(target.expires_in, 31536000))
-        END,
-        error = CASE WHEN target.next_status IN ('completed', 'interrupted') THEN NULL
-                     ELSE coalesce(target.error, r.error) END,
-        finished_at = CASE WHEN target.next_status = 'pending' THEN NULL ELSE now() END,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        worker_id = NULL
-    FROM target
-    WHERE r.id = target.id
-    RETURNING r.id, r.status, r.agent, r.available_at, target.lease_token AS ended_token,
-              target.outcome AS ended_outcome, target.error AS ended_error
-), attempt_rows AS (
-    UPDATE runlane.run_attempts AS a
-    SET ended_at = now(), outcome = finished.ended_outcome, error = finished.ended_error
-    FROM finished
-    WHERE a.run_id = finished.id AND a.lease_token = finished.ended_token
-), notified AS (
-    SELECT pg_notify('runlane_wakeup', agent) FROM finished
-    WHERE %(notify)s AND status = 'pending' AND available_at <= now()
-)
-SELECT finished.id, finished.status, (SELECT count(*) FROM notified) AS notified
-FROM finished;
+-- runs_relay_lane trigger relays in this same transaction. The write itself
+-- is runlane.finish_attempts (migration 0015), whose plans are kept pinned
+-- to primary-key lookups.
+SELECT f.run_id AS id, f.run_status AS status
+FROM runlane.finish_attempts(
+    %(run_ids)s::uuid[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
+    %(outputs)s::jsonb[], %(errors)s::jsonb[], %(retry_delays)s::double precision[],
+    %(interrupts)s::jsonb[], %(interrupt_expires)s::double precision[], %(notify)s
+) AS f;
 
 -- name: lock_lanes
 -- The lanes of a batch of finishing runs, locked in id order (one order for
