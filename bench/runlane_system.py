@@ -64,6 +64,13 @@ def reset(url: str) -> None:
         ).fetchone()
         if kept and not kept[0]:
             conn.execute(_migration_sql(12).encode())
+        # The attempts' check of migration 0016, if an experiment emptied it.
+        pinned = conn.execute(
+            "SELECT proconfig IS NOT NULL FROM pg_proc"
+            " WHERE oid = 'runlane.check_claimed_attempts'::regproc"
+        ).fetchone()
+        if pinned and not pinned[0]:
+            conn.execute(_migration_sql(16).encode())
 
 
 def _migration_sql(version: int) -> str:

@@ -23,6 +23,10 @@ change the benchmark database or the worker's settings, never src/.
 - ``runlane-claim-planned-each-call``: the uncapped claim planned again on
   every call (``force_custom_plan``, as before migration 0012) instead of
   keeping plans pinned to the claim indexes: 0012's before/after.
+- ``runlane-attempt-check-at-commit``: the claim's foreign-key check on
+  run_attempts left to the commit, under the session's settings, as
+  before migration 0016 (``runlane.check_claimed_attempts`` made a no-op
+  for the trial): 0016's before/after.
 - ``runlane-baseline-0009``: both: another checkout's worker on the
   schema before 0010 (a before/after across both changes).
 - ``runlane-baseline``: the worker of another checkout
@@ -100,6 +104,12 @@ CLAIM_PLANNED_EACH_CALL = (
     f" ALTER FUNCTION {UNCAPPED_CLAIM} SET plan_cache_mode = force_custom_plan"
 )
 
+# The attempts' check as before migration 0016: at commit.
+ATTEMPT_CHECK_AT_COMMIT = (
+    "CREATE OR REPLACE FUNCTION runlane.check_claimed_attempts() RETURNS void"
+    " LANGUAGE plpgsql AS $$ BEGIN END $$"
+)
+
 VARIANTS = {
     "runlane-no-status-notify": Variant(
         "runlane-no-status-notify",
@@ -112,6 +122,9 @@ VARIANTS = {
     ),
     "runlane-claim-planned-each-call": Variant(
         "runlane-claim-planned-each-call", sql=CLAIM_PLANNED_EACH_CALL
+    ),
+    "runlane-attempt-check-at-commit": Variant(
+        "runlane-attempt-check-at-commit", sql=ATTEMPT_CHECK_AT_COMMIT
     ),
     "runlane-immediate-attempt-check": Variant(
         "runlane-immediate-attempt-check",

@@ -385,6 +385,43 @@ async def test_a_claim_planned_on_one_run_reads_only_claim_indexes(
         assert rows_read(sql, "runs") - rows_before < 100
 
 
+def table_reads_in_session(sql: Conn, table: str) -> tuple[int, int]:
+    """Sequential scans of runlane.<table> and rows read so far, reported
+    or not (one statement, so that a report in between cannot count twice
+    or not at all); for reads that happen at commit, which
+    sequential_scans and rows_read cannot see."""
+    row = sql.execute(
+        "SELECT t.seq_scan + x.seq_scan, t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
+        " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0)"
+        " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x USING (relid)"
+        " WHERE t.schemaname = 'runlane' AND t.relname = %s",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+async def test_a_claims_attempt_check_finds_the_run_by_primary_key(sql: Conn) -> None:
+    # Each claimed run's attempt row has a foreign key to it, checked with
+    # one lookup of runs. The check's plan is kept for the session: here it
+    # is made on a table analyzed with 20 runs, where reading the table
+    # costs less than the index, and used again after the table has grown.
+    # A sequential scan stops at the run's row, wherever the update put it:
+    # the scan, not the rows it happened to read, is the defect.
+    claim = named_queries("queries.sql")["claim_batch"]
+    params = claim_params(None, 1)
+    add_pending_runs(sql, 20)
+    sql.execute("ANALYZE runlane.runs")
+    for _ in range(12):
+        assert len(sql.execute(claim, params).fetchall()) == 1
+    add_pending_runs(sql, 3000)
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    assert len(sql.execute(claim, params).fetchall()) == 1
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 100
+
+
 async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
     db_url: str, sql: Conn
 ) -> None:
