@@ -13,6 +13,8 @@ from bench.common import AGENT, Proc, spawn
 from runlane.migrations import available_migrations
 
 NAME = "runlane"
+# Where the throughput benchmark's start gate takes its lock.
+QUEUE_TABLE = "runlane.runs"
 
 
 def available() -> str | None:

@@ -55,6 +55,7 @@ class Variant:
         src_env: str | None = None,
     ):
         self.NAME = name
+        self.QUEUE_TABLE = runlane_system.QUEUE_TABLE
         self._sql = sql
         self._env = env
         # The name of an environment variable holding another checkout's

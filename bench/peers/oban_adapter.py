@@ -32,6 +32,8 @@ import psycopg
 from bench.common import ROOT, Proc, spawn
 
 NAME = "oban"
+# Where the throughput benchmark's start gate takes its lock.
+QUEUE_TABLE = "oban_jobs"
 QUEUE = "default"
 _VENV_PYTHON = Path.home() / ".cache" / "runlane-bench" / "oban-venv" / "bin" / "python"
 

@@ -28,6 +28,8 @@ import psycopg
 from bench.common import AGENT, Proc, spawn
 
 NAME = "pgqueuer"
+# Where the throughput benchmark's start gate takes its lock.
+QUEUE_TABLE = "pgqueuer"
 
 
 def available() -> str | None:
