@@ -65,17 +65,19 @@ def reset(url: str) -> None:
             " WHERE oid = 'runlane.claim_uncapped_runs'::regproc"
         ).fetchone()
         if kept and not kept[0]:
-            conn.execute(_migration_sql(12).encode())
-        # The attempts' check of migration 0016, if an experiment emptied it.
-        pinned = conn.execute(
-            "SELECT proconfig IS NOT NULL FROM pg_proc"
-            " WHERE oid = 'runlane.check_claimed_attempts'::regproc"
+            conn.execute(migration_sql(12).encode())
+        # The claim of migration 0016 (it checks its attempt rows itself), if
+        # an experiment put back an earlier one.
+        checks = conn.execute(
+            "SELECT prosrc LIKE '%SET CONSTRAINTS%' FROM pg_proc"
+            " WHERE oid = 'runlane.claim_uncapped_runs'::regproc"
         ).fetchone()
-        if pinned and not pinned[0]:
-            conn.execute(_migration_sql(16).encode())
+        if checks and not checks[0]:
+            conn.execute(migration_sql(16).encode())
 
 
-def _migration_sql(version: int) -> str:
+def migration_sql(version: int) -> str:
+    """The SQL of one of runlane's migrations (experiments put pieces back)."""
     return next(m.sql for m in available_migrations() if m.version == version)
 
 

@@ -25,8 +25,8 @@ change the benchmark database or the worker's settings, never src/.
   keeping plans pinned to the claim indexes: 0012's before/after.
 - ``runlane-attempt-check-at-commit``: the claim's foreign-key check on
   run_attempts left to the commit, under the session's settings, as
-  before migration 0016 (``runlane.check_claimed_attempts`` made a no-op
-  for the trial): 0016's before/after.
+  before migration 0016 (the uncapped claim of 0014 for the trial):
+  0016's before/after.
 - ``runlane-baseline-0009``: both: another checkout's worker on the
   schema before 0010 (a before/after across both changes).
 - ``runlane-baseline``: the worker of another checkout
@@ -105,11 +105,8 @@ CLAIM_PLANNED_EACH_CALL = (
     f" ALTER FUNCTION {UNCAPPED_CLAIM} SET plan_cache_mode = force_custom_plan"
 )
 
-# The attempts' check as before migration 0016: at commit.
-ATTEMPT_CHECK_AT_COMMIT = (
-    "CREATE OR REPLACE FUNCTION runlane.check_claimed_attempts() RETURNS void"
-    " LANGUAGE plpgsql AS $$ BEGIN END $$"
-)
+# The attempts' check as before migration 0016 (at commit): 0014's claim.
+ATTEMPT_CHECK_AT_COMMIT = runlane_system.migration_sql(14)
 
 VARIANTS = {
     "runlane-no-status-notify": Variant(
