@@ -59,21 +59,29 @@ def reset(url: str) -> None:
                 "ALTER TABLE runlane.run_attempts"
                 " ALTER CONSTRAINT run_attempts_run_id_fkey DEFERRABLE INITIALLY DEFERRED"
             )
-        # The claim's settings of migration 0012, if an experiment reset them.
-        kept = conn.execute(
-            "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
-            " WHERE oid = 'runlane.claim_uncapped_runs'::regproc"
-        ).fetchone()
-        if kept and not kept[0]:
-            conn.execute(migration_sql(12).encode())
-        # The claim of migration 0016 (it checks its attempt rows itself), if
-        # an experiment put back an earlier one.
-        checks = conn.execute(
-            "SELECT prosrc LIKE '%SET CONSTRAINTS%' FROM pg_proc"
-            " WHERE oid = 'runlane.claim_uncapped_runs'::regproc"
-        ).fetchone()
-        if checks and not checks[0]:
-            conn.execute(migration_sql(16).encode())
+        # Migrations that an experiment undid for its trials, applied again.
+        for version, applied in RESTORED_MIGRATIONS:
+            row = conn.execute(applied).fetchone()
+            if row and not row[0]:
+                conn.execute(migration_sql(version).encode())
+
+
+# (version, a query answering whether it is in effect): the claim's
+# settings of 0012 (runlane-claim-planned-each-call resets them) and 0016's
+# claim that checks its attempt rows itself (runlane-attempt-check-at-commit
+# puts back 0014's).
+RESTORED_MIGRATIONS = (
+    (
+        12,
+        "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
+        " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
+    ),
+    (
+        16,
+        "SELECT prosrc LIKE '%SET CONSTRAINTS%' FROM pg_proc"
+        " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
+    ),
+)
 
 
 def migration_sql(version: int) -> str:
