@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
 import pytest
 
 from runlane.lane_service import LaneService
@@ -141,3 +142,34 @@ async def test_concurrent_lane_batches_and_submits_do_not_deadlock(
     # Every lane ends with its "next" request running or queued, none lost.
     following = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
     assert sorted(c.run.input["text"] for c in following) == ["next"] * len(threads)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "wakes"),
+    [(Outcome.RELEASED, True), (Outcome.RETRY, False), (Outcome.COMPLETED, False)],
+)
+async def test_a_run_pending_again_at_once_wakes_its_agents_workers(
+    store: RunStore, service: RunService, db_url: str, outcome: Outcome, wakes: bool
+) -> None:
+    # A released run (a worker shutting down) is claimable at once, so the
+    # outcome write tells listening workers of its agent; a retry waits its
+    # backoff and a completed run has nothing left to claim.
+    agent = f"wake-{outcome.value}"
+    run, _ = await service.submit(agent, {})
+    claimed = await claim_one(store, agent)
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN runlane_wakeup")
+        statuses = await store.finish_attempts_status(
+            [Finish(run.id, claimed.lease_token, outcome)]
+        )
+        assert run.id in statuses
+        # Notifications arrive in commit order: whatever the write sent
+        # comes before this marker.
+        listener.execute("SELECT pg_notify('runlane_wakeup', 'marker')")
+        payloads = []
+        for notification in listener.notifies(timeout=10):
+            payloads.append(notification.payload)
+            if notification.payload == "marker":
+                break
+    assert payloads[-1] == "marker", payloads
+    assert (agent in payloads) is wakes, payloads

@@ -34,7 +34,7 @@ CREATE FUNCTION runlane.finish_attempts(
     p_interrupts jsonb[],
     p_interrupt_expires double precision[],
     p_notify boolean
-) RETURNS TABLE (run_id uuid, run_status text)
+) RETURNS TABLE (run_id uuid, run_status text, notifications bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
@@ -103,10 +103,9 @@ BEGIN
         SELECT pg_notify('runlane_wakeup', finished.agent) FROM finished
         WHERE p_notify AND finished.status = 'pending' AND finished.available_at <= now()
     )
-    SELECT finished.id, finished.status
-    FROM finished
-    -- Joined (never empty in effect) so that the notifications are sent:
-    -- a CTE that nothing reads is not run.
-    LEFT JOIN (SELECT count(*) AS sent FROM notified) AS n ON true;
+    -- The count is what makes the notifications happen: a CTE without
+    -- data-modifying statements runs only as far as something reads it.
+    SELECT finished.id, finished.status, (SELECT count(*) FROM notified)
+    FROM finished;
 END;
 $$;
