@@ -74,6 +74,23 @@ async def test_a_capped_tenant_never_exceeds_its_cap_and_others_flow(
     assert [(r["tenant"], r["max_running"]) for r in limits] == [("noisy", 2)]
 
 
+async def test_a_tenant_at_its_cap_does_not_hide_the_runs_behind_its_backlog(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # The capped tenant's runs come first in claim order and it is full:
+    # one claim must reach past them to the other tenant's run.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts)"
+        " SELECT 'noisy', 'work', '{}', 3 FROM generate_series(1, 50)"
+    )
+    await store.set_tenant_limit("noisy", 2)
+    held = await store.claim_batch(worker_id="w1", limit=2, lease_seconds=30)
+    assert [c.run.tenant for c in held] == ["noisy", "noisy"]
+    quiet, _ = await service.submit("work", {}, tenant="quiet")
+    claimed = await store.claim_batch(worker_id="w2", limit=8, lease_seconds=30)
+    assert [c.run.id for c in claimed] == [quiet.id]
+
+
 async def test_a_cap_of_zero_pauses_a_tenant_and_removing_it_resumes(
     service: RunService, store: RunStore, settings: Settings
 ) -> None:

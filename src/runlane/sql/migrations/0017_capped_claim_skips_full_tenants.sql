@@ -1,0 +1,140 @@
+-- The capped claim leaves tenants at their cap out of its candidates.
+--
+-- The claim with caps (0006, runlane.claim_capped_runs since 0009) took
+-- its candidates, the first pending runs in claim order, from every tenant
+-- except those whose cap row another claimer held, and only then dropped
+-- the runs of tenants without a free slot. A tenant at its cap with a
+-- backlog ahead of everyone else's runs filled the candidate list, every
+-- candidate was dropped, and the other tenants' runs behind it waited
+-- until a claim happened to find that cap row held by another claimer:
+-- tests/integration/test_fairness.py saw a quiet tenant's runs start
+-- after 0.1 s, 1.1 s, 2.7 s or more than 5 s from one run to the next.
+-- Tenants whose running count has reached their cap are now left out of
+-- the candidates, like the caps another claimer holds. A tenant with a
+-- free slot stays in: its runs can still fill one claim's candidates,
+-- after which it is full and left out of the next.
+--
+-- Otherwise the function is 0006's, with 0009's plan_cache_mode.
+CREATE OR REPLACE FUNCTION runlane.claim_capped_runs(
+    p_worker_id text,
+    p_agents text[],
+    p_limit integer,
+    p_lease_seconds double precision,
+    p_aging_seconds double precision
+) RETURNS SETOF runlane.runs
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    locked_caps text[];
+    busy_caps text[];
+    candidates uuid[];
+BEGIN
+    SELECT coalesce(array_agg(tenant), '{}') INTO locked_caps
+    FROM (SELECT tenant FROM runlane.tenant_limits FOR UPDATE SKIP LOCKED) AS l;
+    -- Left out of the candidates: caps another claimer holds, and caps
+    -- this claim holds whose tenant has no free slot.
+    SELECT coalesce(array_agg(t.tenant), '{}') INTO busy_caps
+    FROM runlane.tenant_limits AS t
+    WHERE NOT t.tenant = ANY(locked_caps)
+       OR t.max_running <= (SELECT count(*) FROM runlane.runs AS x
+                            WHERE x.tenant = t.tenant
+                              AND x.status IN ('running', 'cancel_requested'));
+
+    IF p_agents IS NULL THEN
+        WITH by_priority AS (
+            SELECT id FROM runlane.runs
+            WHERE status = 'pending' AND available_at <= now() AND attempts < max_attempts
+              AND NOT tenant = ANY(busy_caps)
+            ORDER BY priority DESC, available_at, seq
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ), by_age AS (
+            SELECT id FROM runlane.runs
+            WHERE status = 'pending' AND available_at <= now() AND attempts < max_attempts
+              AND NOT tenant = ANY(busy_caps)
+              AND p_aging_seconds > 0
+            ORDER BY available_at, seq
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        )
+        SELECT array_agg(DISTINCT id) INTO candidates
+        FROM (SELECT id FROM by_priority UNION ALL SELECT id FROM by_age) AS c;
+    ELSE
+        WITH by_priority AS (
+            SELECT c.id FROM unnest(p_agents) AS a(agent)
+            CROSS JOIN LATERAL (
+                SELECT id FROM runlane.runs
+                WHERE status = 'pending' AND agent = a.agent AND available_at <= now()
+                  AND attempts < max_attempts AND NOT tenant = ANY(busy_caps)
+                ORDER BY priority DESC, available_at, seq
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) AS c
+        ), by_age AS (
+            SELECT c.id FROM unnest(p_agents) AS a(agent)
+            CROSS JOIN LATERAL (
+                SELECT id FROM runlane.runs
+                WHERE status = 'pending' AND agent = a.agent AND available_at <= now()
+                  AND attempts < max_attempts AND NOT tenant = ANY(busy_caps)
+                  AND p_aging_seconds > 0
+                ORDER BY available_at, seq
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) AS c
+        )
+        SELECT array_agg(DISTINCT id) INTO candidates
+        FROM (SELECT id FROM by_priority UNION ALL SELECT id FROM by_age) AS c;
+    END IF;
+
+    IF candidates IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH scored AS (
+        SELECT r.id, r.tenant, r.available_at, r.seq,
+               r.priority + CASE WHEN p_aging_seconds > 0
+                   THEN floor(extract(epoch FROM now() - r.available_at) / p_aging_seconds)
+                   ELSE 0 END AS effective_priority
+        FROM runlane.runs AS r
+        WHERE r.id = ANY(candidates)
+    ), slots AS (
+        SELECT t.tenant, greatest(t.max_running - (
+            SELECT count(*) FROM runlane.runs AS x
+            WHERE x.tenant = t.tenant AND x.status IN ('running', 'cancel_requested')), 0)
+            AS free
+        FROM runlane.tenant_limits AS t
+        WHERE t.tenant = ANY(locked_caps)
+    ), ranked AS (
+        SELECT scored.*, slots.free,
+               row_number() OVER (PARTITION BY scored.tenant
+                                  ORDER BY effective_priority DESC, available_at, seq)
+                   AS tenant_rank
+        FROM scored LEFT JOIN slots ON slots.tenant = scored.tenant
+    ), picked AS (
+        SELECT id FROM ranked
+        WHERE free IS NULL OR tenant_rank <= free
+        ORDER BY effective_priority DESC, available_at, seq
+        LIMIT p_limit
+    ), claimed AS (
+        UPDATE runlane.runs AS r
+        SET status = 'running',
+            attempts = r.attempts + 1,
+            claim_count = r.claim_count + 1,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+            worker_id = p_worker_id,
+            started_at = coalesce(r.started_at, now()),
+            deadline_at = coalesce(r.deadline_at, now() + make_interval(secs =>
+                least((r.budget ->> 'max_seconds')::double precision, 31536000)))
+        FROM picked
+        WHERE r.id = picked.id
+        RETURNING r.*
+    ), attempt_rows AS (
+        INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
+        SELECT id, claim_count, worker_id, lease_token FROM claimed
+    )
+    SELECT * FROM claimed;
+END;
+$$;
