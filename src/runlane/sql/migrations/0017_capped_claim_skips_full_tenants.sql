@@ -10,7 +10,9 @@
 -- tests/integration/test_fairness.py saw a quiet tenant's runs start
 -- after 0.1 s, 1.1 s, 2.7 s or more than 5 s from one run to the next.
 -- Tenants whose running count has reached their cap are now left out of
--- the candidates, like the caps another claimer holds. A tenant with a
+-- the candidates, like the caps another claimer holds; each capped
+-- tenant's running count is taken once, right after its cap row is
+-- locked, and serves both that and the slot check. A tenant with a
 -- free slot stays in: its runs can still fill one claim's candidates,
 -- after which it is full and left out of the next.
 --
@@ -28,18 +30,31 @@ AS $$
 DECLARE
     locked_caps text[];
     busy_caps text[];
+    free_tenants text[];
+    free_slots bigint[];
     candidates uuid[];
 BEGIN
     SELECT coalesce(array_agg(tenant), '{}') INTO locked_caps
     FROM (SELECT tenant FROM runlane.tenant_limits FOR UPDATE SKIP LOCKED) AS l;
+    -- The free slots of the caps this claim holds, counted once: no other
+    -- claimer can fill them while the cap rows are locked, and a count
+    -- taken now can only be too high (runs may end meanwhile), never let
+    -- a tenant past its cap.
+    SELECT coalesce(array_agg(t.tenant), '{}'), coalesce(array_agg(greatest(t.max_running - (
+               SELECT count(*) FROM runlane.runs AS x
+               WHERE x.tenant = t.tenant AND x.status IN ('running', 'cancel_requested')), 0)),
+           '{}')
+    INTO free_tenants, free_slots
+    FROM runlane.tenant_limits AS t
+    WHERE t.tenant = ANY(locked_caps);
     -- Left out of the candidates: caps another claimer holds, and caps
     -- this claim holds whose tenant has no free slot.
     SELECT coalesce(array_agg(t.tenant), '{}') INTO busy_caps
     FROM runlane.tenant_limits AS t
-    WHERE NOT t.tenant = ANY(locked_caps)
-       OR t.max_running <= (SELECT count(*) FROM runlane.runs AS x
-                            WHERE x.tenant = t.tenant
-                              AND x.status IN ('running', 'cancel_requested'));
+    WHERE NOT t.tenant = ANY(locked_caps);
+    SELECT busy_caps || coalesce(array_agg(f.tenant), '{}') INTO busy_caps
+    FROM unnest(free_tenants, free_slots) AS f(tenant, free)
+    WHERE f.free = 0;
 
     IF p_agents IS NULL THEN
         WITH by_priority AS (
@@ -100,12 +115,7 @@ BEGIN
         FROM runlane.runs AS r
         WHERE r.id = ANY(candidates)
     ), slots AS (
-        SELECT t.tenant, greatest(t.max_running - (
-            SELECT count(*) FROM runlane.runs AS x
-            WHERE x.tenant = t.tenant AND x.status IN ('running', 'cancel_requested')), 0)
-            AS free
-        FROM runlane.tenant_limits AS t
-        WHERE t.tenant = ANY(locked_caps)
+        SELECT * FROM unnest(free_tenants, free_slots) AS s(tenant, free)
     ), ranked AS (
         SELECT scored.*, slots.free,
                row_number() OVER (PARTITION BY scored.tenant
