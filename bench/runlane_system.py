@@ -93,11 +93,21 @@ def insert_pending(conn: psycopg.Connection[Any], n: int, *, start: int = 0) -> 
     """n pending runs of the bench agent in one statement: the same row
     insert_run writes (defaults for everything but agent, input, attempts),
     without the per-run round trip. No NOTIFY: workers started afterwards
-    claim at once."""
+    claim at once.
+
+    created_at is the clock at each row, as when runs are submitted one by
+    one, not the statement's now() shared by all n rows: with one time for
+    all, the listing indexes (tenant, created_at, id) order the runs by
+    their random id, so every status change put its new index entry on a
+    random leaf page, which no real queue does. Measured 2026-11-30 (1 and
+    2 processes, c = 50 and 200): without those two indexes the burn-down
+    ran 20-40% faster with one time for all rows, about 5% faster with a
+    time per row."""
     conn.execute(
         """
-        INSERT INTO runlane.runs (agent, input, max_attempts)
-        SELECT %s, jsonb_build_object('i', g), 3 FROM generate_series(%s::bigint, %s::bigint) AS g
+        INSERT INTO runlane.runs (agent, input, max_attempts, created_at)
+        SELECT %s, jsonb_build_object('i', g), 3, clock_timestamp()
+        FROM generate_series(%s::bigint, %s::bigint) AS g
         """,
         (AGENT, start + 1, start + n),
     )

@@ -93,6 +93,7 @@ class Worker:
         self.claim_unknown_agents = claim_unknown_agents
         self._listen = listen
         self.metrics = WorkerMetrics()
+        self.metrics.track(lambda: self.handlers_running, lambda: len(self.executions))
         self._metrics_port = metrics_port
         self._pool = create_pool(url, min_size=2, max_size=concurrency + 3, check=False)
         self.store = RunStore(self._pool, notify=notify)
@@ -318,6 +319,7 @@ class Worker:
                 finally:
                     self._reserved -= want
                 self._backlog = len(batch) == want or self._notifies != notifies
+                self.metrics.claims.inc(len(batch))
                 for claimed in batch:
                     self._start(claimed, sent_at)
                 if len(batch) == want:
@@ -359,6 +361,7 @@ class Worker:
         if self._along_in_flight == 0:
             self._along_idle.set()
         self.claims_along += len(batch)
+        self.metrics.claims.inc(len(batch))
         for claimed in batch:
             self._start(claimed, sent_at)
         if len(batch) == claim.limit:
@@ -382,7 +385,6 @@ class Worker:
 
     def _start(self, claimed: ClaimedRun, sent_at: float) -> None:
         self.claims += 1
-        self.metrics.claims.inc()
         run = claimed.run
         execution = Execution(
             claimed,
@@ -399,8 +401,6 @@ class Worker:
         execution.context.database_url = self.url
         self.handlers_running += 1
         self.executions[run.id] = execution
-        self.metrics.running.set(self.handlers_running)
-        self.metrics.held.set(len(self.executions))
         self._tasks[run.id] = asyncio.create_task(
             self._run(execution), name=f"runlane-attempt-{run.id}"
         )
@@ -409,7 +409,6 @@ class Worker:
         """An attempt's handler is over (its outcome may still be on its
         way to the database): its concurrency slot is free."""
         self.handlers_running -= 1
-        self.metrics.running.set(self.handlers_running)
         if self._backlog:
             self._wake.set()
 
@@ -419,7 +418,6 @@ class Worker:
         woken ahead of it, to an empty claim that would take the slot."""
         self.handlers_running -= 1
         self._lane_outcomes_pending += 1
-        self.metrics.running.set(self.handlers_running)
 
     async def _run(self, execution: Execution) -> None:
         try:
@@ -436,7 +434,6 @@ class Worker:
             if self.executions.get(execution.run_id) is execution:
                 del self.executions[execution.run_id]
                 self._tasks.pop(execution.run_id, None)
-            self.metrics.held.set(len(self.executions))
             self._wake.set()
 
     # -- notices -------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -73,6 +73,13 @@ class WorkerMetrics:
         self._queue = QueueGauges()
         r.register(self._queue)
         self._refresh: asyncio.Task[None] | None = None
+
+    def track(self, running: Callable[[], float], held: Callable[[], float]) -> None:
+        """The running and held gauges read the worker's counts when
+        scraped, so that starting and ending a run updates no metric (four
+        locked updates per run otherwise, on the hot path)."""
+        self.running.set_function(running)
+        self.held.set_function(held)
 
     def observe_handler(self, agent: str, seconds: float) -> None:
         child = self._handler_seconds.get(agent)

@@ -198,6 +198,42 @@ async def test_worker_metrics_are_served(service: RunService, settings: Settings
     assert "runlane_worker_wakeups_total" in text
 
 
+async def test_worker_gauges_show_runs_in_progress(service: RunService, settings: Settings) -> None:
+    import httpx
+
+    from tests.api_support import free_port
+
+    app = App(settings)
+    release = asyncio.Event()
+
+    @app.agent("slow")
+    async def slow(ctx: RunContext) -> Any:
+        await release.wait()
+        return None
+
+    port = free_port()
+
+    async def scraped(*lines: str) -> bool:
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        return all(f"\n{line}\n" in text for line in lines)
+
+    async with running_worker(app, settings, metrics_port=port, concurrency=4):
+        assert await scraped("runlane_worker_running 0.0", "runlane_worker_held 0.0")
+        first, _ = await service.submit("slow", {})
+        await service.submit("slow", {})
+        await wait_until(
+            lambda: scraped("runlane_worker_running 2.0", "runlane_worker_held 2.0"),
+            message="two handlers shown running",
+        )
+        release.set()
+        await wait_until(
+            lambda: scraped("runlane_worker_running 0.0", "runlane_worker_held 0.0"),
+            message="gauges back to zero",
+        )
+        assert (await service.get(first.id)).status is RunStatus.COMPLETED
+
+
 async def _ended(service: RunService, *run_ids: Any) -> bool:
     runs = [await service.get(run_id) for run_id in run_ids]
     return all(run.status.is_terminal for run in runs)

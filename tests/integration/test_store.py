@@ -54,6 +54,30 @@ async def test_submit_stores_a_pending_run(service: RunService, sql: Conn) -> No
     assert row == ("pending", "support-bot", {"q": "hi"}, 5, 4, {"max_seconds": 60}, 0)
 
 
+async def test_json_values_come_back_as_submitted(service: RunService, store: RunStore) -> None:
+    # Read through the pool's own jsonb loader (runlane.database): strings
+    # beyond ASCII, numbers beyond 64 bits, nesting; and the empty object,
+    # which it builds without parsing, must still be a new dict per value.
+    value = {
+        "text": "caf\u00e9 \u2014 \U0001f600",
+        "big": 123456789012345678901234567890,
+        "float": 1.5,
+        "list": [None, True, {}, [], ""],
+        "nested": {"a": {"b": {"c": "d"}}},
+    }
+    first, _ = await service.submit("a", value)
+    second, _ = await service.submit("a", {})
+    claimed = {
+        c.run.id: c.run for c in await store.claim_batch(worker_id="w", limit=2, lease_seconds=30)
+    }
+    assert claimed[first.id].input == value
+    assert claimed[second.id].input == {}
+    runs = [claimed[first.id], claimed[second.id]]
+    assert [r.metadata for r in runs] == [{}, {}] and [r.budget for r in runs] == [{}, {}]
+    runs[0].metadata["changed"] = True
+    assert runs[1].metadata == {} and runs[0].budget == {} and runs[1].input == {}
+
+
 async def test_same_idempotency_key_returns_the_existing_run(service: RunService) -> None:
     first, created1 = await service.submit("a", {"n": 1}, idempotency_key="k-1")
     second, created2 = await service.submit("a", {"n": 2}, idempotency_key="k-1")
