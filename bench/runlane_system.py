@@ -101,8 +101,8 @@ def insert_pending(conn: psycopg.Connection[Any], n: int, *, start: int = 0) -> 
     their random id, so every status change put its new index entry on a
     random leaf page, which no real queue does. Measured 2026-11-30 (1 and
     2 processes, c = 50 and 200): without those two indexes the burn-down
-    ran 20-40% faster with one time for all rows, about 5% faster with a
-    time per row."""
+    ran 20-38% faster with one time for all rows, 3-8% faster with a time
+    per row."""
     conn.execute(
         """
         INSERT INTO runlane.runs (agent, input, max_attempts, created_at)
