@@ -422,6 +422,27 @@ async def test_a_claims_attempt_check_finds_the_run_by_primary_key(sql: Conn) ->
     assert rows_after - rows_before < 100
 
 
+async def test_a_capped_claims_attempt_check_finds_the_run_by_primary_key(sql: Conn) -> None:
+    # The same trap with a tenant cap in place (the capped claim), with
+    # statistics taken while runs held 20 rows.
+    sql.execute("INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)")
+    claim = named_queries("queries.sql")["claim_batch"]
+    params = claim_params(None, 1)
+    add_pending_runs(sql, 20)
+    sql.execute("ANALYZE runlane.runs")
+    for _ in range(12):
+        assert len(sql.execute(claim, params).fetchall()) == 1
+    add_pending_runs(sql, 3000)
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    for _ in range(3):
+        assert len(sql.execute(claim, params).fetchall()) == 1
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 300
+    running = sql.execute("SELECT count(*) FROM runlane.runs WHERE status = 'running'").fetchone()
+    assert running == (15,)
+
+
 async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
     db_url: str, sql: Conn
 ) -> None:
