@@ -155,48 +155,26 @@ FROM runlane.finish_attempts(
 SELECT id FROM runlane.lanes WHERE id = ANY(%(lane_ids)s::bigint[]) ORDER BY id FOR UPDATE;
 
 -- name: append_event
--- Fenced event append with a gap-free per-run seq: the counter lives on the
--- run row, bumped in the same statement that checks the lease token.
-WITH bumped AS (
-    UPDATE runlane.runs
-    SET last_event_seq = last_event_seq + 1
-    WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-    RETURNING id, last_event_seq, claim_count
-)
-INSERT INTO runlane.run_events (run_id, seq, kind, data, attempt)
-SELECT id, last_event_seq, %(kind)s, %(data)s, claim_count FROM bumped
-RETURNING seq;
+-- Fenced event append with a gap-free per-run seq; NULL when the lease is
+-- not held. This and the next four run in functions whose plans are
+-- pinned to primary-key lookups (migration 0019).
+SELECT runlane.append_event(%(run_id)s, %(lease_token)s, %(kind)s, %(data)s) AS seq;
 
 -- name: save_checkpoint
-UPDATE runlane.runs SET checkpoint = %(checkpoint)s
-WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-RETURNING id;
+SELECT runlane.save_checkpoint(%(run_id)s, %(lease_token)s, %(checkpoint)s) AS saved;
 
 -- name: count_turn
--- Fenced: one more model turn for the run; returns the new count.
-UPDATE runlane.runs SET turns = turns + 1
-WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-RETURNING turns;
+-- Fenced: one more model turn for the run; the new count, NULL when the
+-- lease is not held.
+SELECT runlane.count_turn(%(run_id)s, %(lease_token)s) AS turns;
 
 -- name: get_effect
-SELECT result FROM runlane.run_effects WHERE run_id = %(run_id)s AND key = %(key)s;
+SELECT result FROM runlane.get_effect(%(run_id)s, %(key)s);
 
 -- name: record_effect
--- Fenced: records the effect only while the lease is held. An existing
--- record for the same key wins (returned as `result`).
-WITH owner AS (
-    SELECT id, claim_count FROM runlane.runs
-    WHERE id = %(run_id)s AND lease_token = %(lease_token)s
-    FOR SHARE
-), inserted AS (
-    INSERT INTO runlane.run_effects (run_id, key, result, attempt)
-    SELECT id, %(key)s, %(result)s, claim_count FROM owner
-    -- An earlier record wins; DO UPDATE (a no-op) returns it even when it
-    -- was committed while this statement waited.
-    ON CONFLICT (run_id, key) DO UPDATE SET result = runlane.run_effects.result
-    RETURNING result
-)
-SELECT (SELECT count(*) FROM owner) AS owned, (SELECT result FROM inserted) AS result;
+-- Fenced: records the effect only while the lease is held (owned = 1). An
+-- existing record for the same key wins (returned as `result`).
+SELECT owned, result FROM runlane.record_effect(%(run_id)s, %(lease_token)s, %(key)s, %(result)s);
 
 -- name: request_cancel
 -- Durable cancel: a pending or interrupted run is cancelled at once; a
