@@ -552,10 +552,16 @@ async def test_a_long_lived_worker_connections_run_writes_keep_index_plans(
         await pool.close()
 
 
-async def test_a_claim_for_one_agent_reads_only_that_agents_runs(sql: Conn) -> None:
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
+async def test_a_claim_for_one_agent_reads_only_that_agents_runs(sql: Conn, capped: bool) -> None:
     # Statistics taken when other agents' runs had finished and nothing was
     # pending; then another agent's backlog arrives, with five runs of this
-    # worker's agent behind it.
+    # worker's agent behind it. With a tenant cap in place the capped claim
+    # runs (migration 0020), without one the uncapped claim (0014).
+    if capped:
+        sql.execute(
+            "INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)"
+        )
     claim = named_queries("queries.sql")["claim_batch"]
     params = claim_params(["a"], 5)
     sql.execute(
