@@ -16,7 +16,14 @@
 -- calls it after a capped claim only, so the uncapped path pays nothing
 -- (a call on every claim measured slower in the lane relay: 0016's
 -- header).
-CREATE FUNCTION runlane.check_claimed_attempts() RETURNS void
+--
+-- CREATE OR REPLACE: a first form of 0016, on main for an hour of
+-- 2026-11-30 (d7f9cda), created a function of this name and called it
+-- after both claims. A database migrated then keeps that 0016 (the
+-- migrator records versions, not contents): there the uncapped claim
+-- leaves its check to the commit again after this migration, as before
+-- 0016 (a slower plan, not a wrong result).
+CREATE OR REPLACE FUNCTION runlane.check_claimed_attempts() RETURNS void
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
