@@ -533,19 +533,22 @@ class RunStore:
             "append_event",
             {"run_id": run_id, "lease_token": lease_token, "kind": kind, "data": Jsonb(data)},
         )
-        return None if row is None or row["seq"] is None else int(row["seq"])
+        assert row is not None  # a function call: always one row
+        return None if row["seq"] is None else int(row["seq"])
 
     async def save_checkpoint(self, run_id: UUID, lease_token: UUID, checkpoint: Any) -> bool:
         row = await self._fetch_one(
             "save_checkpoint",
             {"run_id": run_id, "lease_token": lease_token, "checkpoint": Jsonb(checkpoint)},
         )
-        return row is not None and bool(row["saved"])
+        assert row is not None
+        return bool(row["saved"])
 
     async def count_turn(self, run_id: UUID, lease_token: UUID) -> int | None:
         """Fenced: counts one more model turn; None when the lease is lost."""
         row = await self._fetch_one("count_turn", {"run_id": run_id, "lease_token": lease_token})
-        return None if row is None or row["turns"] is None else int(row["turns"])
+        assert row is not None
+        return None if row["turns"] is None else int(row["turns"])
 
     async def get_effect(self, run_id: UUID, key: str) -> tuple[bool, Any]:
         """(found, recorded result) of an effect."""
