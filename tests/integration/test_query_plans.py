@@ -582,3 +582,47 @@ async def test_a_claim_for_one_agent_reads_only_that_agents_runs(sql: Conn, capp
         claimed = sql.execute(claim, params).fetchall()
         assert [row[4] for row in claimed] == ["a"] * 5  # agent
         assert rows_read(sql, "runs") - before < 100
+
+
+def list_params(statuses: list[str], user_id: str | None) -> dict[str, Any]:
+    """list_runs' parameters: the first page of 5, newest first."""
+    return {
+        "tenant": "default",
+        "user_id": user_id,
+        "thread_id": None,
+        "statuses": statuses,
+        "agent": None,
+        "before_created_at": None,
+        "before_id": None,
+        "limit": 5,
+    }
+
+
+@pytest.mark.parametrize("user_id", [None, "u"], ids=["tenant", "owner"])
+@pytest.mark.parametrize("status", ["failed", "dead", "cancelled", "interrupted"])
+async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
+    sql: Conn, status: str, user_id: str | None
+) -> None:
+    # A tenant's history: 5,000 completed runs, one in 500 of another
+    # status, the newest of those 1,000 runs back. Without an index of its
+    # own, a page of them walked the history (migration 0021).
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, user_id, input, max_attempts, status, finished_at,"
+        " created_at)"
+        " SELECT 'a', 'u', '{}', 3, CASE WHEN g %% 500 = 0 THEN %s ELSE 'completed' END,"
+        " now(), now() - g * interval '1 second' FROM generate_series(1, 5000) AS g",
+        (status,),
+    )
+    sql.execute("ANALYZE runlane.runs")
+    query = named_queries("queries.sql")["list_runs"]
+    with sql.transaction(force_rollback=True):
+        before = rows_read(sql, "runs")
+        listed = sql.execute(query, list_params([status], user_id)).fetchall()
+        read = rows_read(sql, "runs") - before
+    expected = sql.execute(
+        "SELECT id FROM runlane.runs WHERE status = %s ORDER BY created_at DESC LIMIT 5",
+        (status,),
+    ).fetchall()
+    assert [row[0] for row in listed] == [row[0] for row in expected]
+    assert len(listed) == 5
+    assert read < 100
