@@ -10,6 +10,7 @@ terminal write.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -76,16 +77,9 @@ class LaneStore:
         return await cur.fetchall()
 
     async def _facts(self, conn: Conn, lane: DictRow) -> tuple[LaneFacts, DictRow]:
-        row = await self._one(conn, "lane_facts", {"lane_id": lane["id"]})
+        row = await self._one(conn, "lane_facts", _lane_key_params(lane))
         assert row is not None
-        facts = LaneFacts(
-            has_active_run=row["active_run_id"] is not None,
-            paused=lane["paused_run_id"] is not None,
-            interrupted=lane["interrupted_run_id"] is not None,
-            queued=int(row["queued"]),
-            queued_steer=row["queued_steer_id"] is not None,
-        )
-        return facts, row
+        return _lane_facts(lane, row), row
 
     async def _request(self, conn: Conn, request_uuid: UUID) -> Request:
         row = await self._one(conn, "request_with_position", {"id": request_uuid})
@@ -119,66 +113,79 @@ class LaneStore:
         raise RuntimeError("request intake kept colliding on its request_id")
 
     async def _submit_once(self, new: NewRequest) -> tuple[Request, bool]:
+        # Two round trips, pipelined: the lane's upsert (which locks it),
+        # the request_id lookup and the lane's facts go together; then the
+        # decision's writes, the request read back and the commit. Each
+        # statement still runs on its own, in order, in one transaction.
         key = new.lane
-        async with self.pool.connection() as conn, conn.transaction():
-            lane = await self._one(
-                conn,
-                "upsert_lane",
-                {
-                    "tenant": key.tenant,
-                    "user_id": key.user_id,
-                    "agent": key.agent,
-                    "thread_id": key.thread_id,
-                },
-            )
-            assert lane is not None
-            existing = await self._one(
-                conn, "find_request", {"tenant": key.tenant, "request_id": new.request_id}
-            )
-            if existing is not None:
-                same = (
-                    existing["lane_id"] == lane["id"]
-                    and existing["input"] == new.input
-                    and existing["policy"] == new.policy
+        key_params = _key_params(key)
+        async with self.pool.connection() as conn, conn.pipeline():
+            async with conn.transaction():
+                lane_cur = await conn.execute(self._sql["upsert_lane"], key_params)
+                existing_cur = await conn.execute(
+                    self._sql["find_request"],
+                    {"tenant": key.tenant, "request_id": new.request_id},
                 )
-                if not same:
-                    raise LaneRefused(
-                        Refusal.REQUEST_ID_CONFLICT,
-                        f"request_id {new.request_id!r} was used for another submission",
+                facts_cur = await conn.execute(self._sql["lane_facts"], key_params)
+                lane = await lane_cur.fetchone()
+                existing = await existing_cur.fetchone()
+                facts_row = await facts_cur.fetchone()
+                assert lane is not None and facts_row is not None
+                if existing is not None:
+                    same = (
+                        existing["lane_id"] == lane["id"]
+                        and existing["input"] == new.input
+                        and existing["policy"] == new.policy
                     )
-                return await self._request(conn, existing["id"]), False
-
-            facts, facts_row = await self._facts(conn, lane)
-            decision = decide_intake(new.policy, facts)
-            if decision.action is IntakeAction.REFUSE:
-                assert decision.reason is not None
-                raise LaneRefused(decision.reason, _refusal_message(decision.reason))
-            rejected = decision.action is IntakeAction.REJECT
-            inserted = await self._one(
-                conn,
-                "insert_request",
-                {
-                    "request_id": new.request_id,
-                    "tenant": key.tenant,
-                    "lane_id": lane["id"],
-                    "policy": str(new.policy),
-                    "steer": decision.steer,
-                    "status": str(RequestStatus.REJECTED if rejected else RequestStatus.QUEUED),
-                    "reason": str(decision.reason) if decision.reason else None,
-                    "input": Jsonb(new.input),
-                    "priority": new.priority,
-                    "max_attempts": new.max_attempts,
-                    "budget": Jsonb(new.budget or {}),
-                    "metadata": Jsonb(new.metadata or {}),
-                },
-            )
-            assert inserted is not None
-            if not rejected:
-                if facts.may_start_run:
-                    await conn.execute(self._sql["dispatch_head"], {"lane_id": lane["id"]})
-                elif decision.ask_active_to_yield:
-                    await self._ask_active_to_yield(conn, facts_row)
-            return await self._request(conn, inserted["id"]), True
+                    if not same:
+                        raise LaneRefused(
+                            Refusal.REQUEST_ID_CONFLICT,
+                            f"request_id {new.request_id!r} was used for another submission",
+                        )
+                    request_uuid = existing["id"]
+                    created = False
+                else:
+                    facts = _lane_facts(lane, facts_row)
+                    decision = decide_intake(new.policy, facts)
+                    if decision.action is IntakeAction.REFUSE:
+                        assert decision.reason is not None
+                        raise LaneRefused(decision.reason, _refusal_message(decision.reason))
+                    rejected = decision.action is IntakeAction.REJECT
+                    request_uuid = uuid.uuid4()
+                    created = True
+                    await conn.execute(
+                        self._sql["insert_request"],
+                        {
+                            "id": request_uuid,
+                            "request_id": new.request_id,
+                            "tenant": key.tenant,
+                            "lane_id": lane["id"],
+                            "policy": str(new.policy),
+                            "steer": decision.steer,
+                            "status": str(
+                                RequestStatus.REJECTED if rejected else RequestStatus.QUEUED
+                            ),
+                            "reason": str(decision.reason) if decision.reason else None,
+                            "input": Jsonb(new.input),
+                            "priority": new.priority,
+                            "max_attempts": new.max_attempts,
+                            "budget": Jsonb(new.budget or {}),
+                            "metadata": Jsonb(new.metadata or {}),
+                        },
+                    )
+                    if not rejected:
+                        if facts.may_start_run:
+                            await conn.execute(self._sql["dispatch_head"], {"lane_id": lane["id"]})
+                        elif decision.ask_active_to_yield:
+                            await self._ask_active_to_yield(conn, facts_row)
+                request_cur = await conn.execute(
+                    self._sql["request_with_position"], {"id": request_uuid}
+                )
+            # Fetched once the commit is through: the read and the commit
+            # share the second round trip.
+            row = await request_cur.fetchone()
+        assert row is not None
+        return Request.from_row(row), created
 
     # -- reads ----------------------------------------------------------------
 
@@ -370,6 +377,23 @@ class LaneStore:
                 if await self._one(conn, "expire_interrupt", {"run_id": row["id"]}):
                     expired += 1
         return RecoveryResult(dispatched=dispatched, interrupts_expired=expired)
+
+
+def _lane_key_params(lane: DictRow) -> dict[str, str]:
+    """_key_params of a lane's row."""
+    return {name: lane[name] for name in ("tenant", "user_id", "agent", "thread_id")}
+
+
+def _lane_facts(lane: DictRow, row: DictRow) -> LaneFacts:
+    """The facts intake and continue decide on: the lane's row (locked)
+    and its lane_facts row."""
+    return LaneFacts(
+        has_active_run=row["active_run_id"] is not None,
+        paused=lane["paused_run_id"] is not None,
+        interrupted=lane["interrupted_run_id"] is not None,
+        queued=int(row["queued"]),
+        queued_steer=row["queued_steer_id"] is not None,
+    )
 
 
 def _key_params(key: LaneKey) -> dict[str, str]:

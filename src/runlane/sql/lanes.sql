@@ -19,34 +19,43 @@ WHERE tenant = %(tenant)s AND user_id = %(user_id)s AND agent = %(agent)s
 SELECT * FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
 
 -- name: lane_facts
--- What intake and continue decide on; the caller holds the lane lock.
+-- What intake and continue decide on; the caller holds the lane lock. The
+-- lane is named by its key, so that intake can send this in the same round
+-- trip as the upsert that creates and locks it (a statement of its own, so
+-- its snapshot is taken after that lock is held).
+WITH lane AS (
+    SELECT id FROM runlane.lanes
+    WHERE tenant = %(tenant)s AND user_id = %(user_id)s AND agent = %(agent)s
+      AND thread_id = %(thread_id)s
+)
 SELECT
     active.id AS active_run_id,
     active.status AS active_run_status,
     active.kind AS active_run_kind,
     active.steer_requested_at IS NOT NULL AS active_run_asked_to_yield,
-    (SELECT count(*) FROM runlane.requests
-     WHERE lane_id = %(lane_id)s AND status = 'queued') AS queued,
-    (SELECT id FROM runlane.requests
-     WHERE lane_id = %(lane_id)s AND status = 'queued' AND steer) AS queued_steer_id
-FROM (SELECT 1) AS one
+    (SELECT count(*) FROM runlane.requests AS q
+     WHERE q.lane_id = lane.id AND q.status = 'queued') AS queued,
+    (SELECT q.id FROM runlane.requests AS q
+     WHERE q.lane_id = lane.id AND q.status = 'queued' AND q.steer) AS queued_steer_id
+FROM lane
 LEFT JOIN runlane.runs AS active
-    ON active.lane_id = %(lane_id)s AND active.status IN ('pending', 'running', 'cancel_requested');
+    ON active.lane_id = lane.id AND active.status IN ('pending', 'running', 'cancel_requested');
 
 -- name: find_request
 SELECT * FROM runlane.requests WHERE tenant = %(tenant)s AND request_id = %(request_id)s;
 
 -- name: insert_request
--- Stores a request in the lane's server order.
+-- Stores a request in the lane's server order. Its id comes from the
+-- caller, who reads it back in the same round trip.
 WITH lane AS (
     UPDATE runlane.lanes SET last_request_order = last_request_order + 1
     WHERE id = %(lane_id)s
     RETURNING last_request_order
 )
-INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, steer, status, reason,
+INSERT INTO runlane.requests (id, request_id, tenant, lane_id, policy, steer, status, reason,
                               input, priority, max_attempts, budget, metadata,
                               request_order, ended_at)
-SELECT %(request_id)s, %(tenant)s, %(lane_id)s, %(policy)s, %(steer)s, %(status)s, %(reason)s,
+SELECT %(id)s, %(request_id)s, %(tenant)s, %(lane_id)s, %(policy)s, %(steer)s, %(status)s, %(reason)s,
        %(input)s, %(priority)s, %(max_attempts)s, %(budget)s, %(metadata)s,
        lane.last_request_order, CASE WHEN %(status)s = 'queued' THEN NULL ELSE now() END
 FROM lane
