@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import throughput
-from bench.common import median, percentile
+from bench import intake_latency, throughput
+from bench.common import ROOT, median, percentile
 
 
 @pytest.fixture
@@ -57,3 +57,10 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert data["summary"]["all_lanes_in_order"]
     if figure == "api":
         assert data["summary"]["sse_events_received"] == data["summary"]["sse_events_expected"]
+
+
+def test_intake_latency_smoke(bench_env: str, tmp_path: Path) -> None:
+    # --src pointed at this checkout: both alternating sides run.
+    data = intake_latency.run(3, 1, src=str(ROOT / "src"), out_dir=tmp_path)
+    assert [r["n"] for rs in data["rounds"].values() for r in rs] == [3, 3]
+    assert (tmp_path / "intake_latency_sync_off.json").exists()
