@@ -179,3 +179,34 @@ async def test_the_same_request_id_submitted_concurrently_is_stored_once(
     assert sum(created for _, created in results) == 1
     assert len({request.id for request, _ in results}) == 1
     assert sql.execute("SELECT count(*) FROM runlane.runs").fetchone() == (1,)
+
+
+async def test_the_same_request_id_submitted_to_many_lanes_at_once_is_stored_once(
+    wide_lanes: LaneService, sql: Conn
+) -> None:
+    # Twenty lanes, twenty lane locks: nothing serialises these submits but
+    # the unique request_id, whose violation is caught and looked at again.
+    results = await asyncio.gather(
+        *(
+            attempt(
+                wide_lanes.submit(
+                    tenant=TENANT,
+                    user_id=USER,
+                    agent=AGENT,
+                    thread_id=f"t{i}",
+                    input={"text": "hi"},
+                    request_id="same",
+                )
+            )
+            for i in range(20)
+        )
+    )
+    stored = [r for r in results if not isinstance(r, LaneRefused)]
+    refused = [r for r in results if isinstance(r, LaneRefused)]
+    assert len(stored) == 1 and stored[0][1] is True
+    assert len(refused) == 19
+    assert {r.code for r in refused} == {"request_id_conflict"}
+    # A refusal stores nothing, not even its lane.
+    assert sql.execute("SELECT count(*) FROM runlane.lanes").fetchone() == (1,)
+    assert sql.execute("SELECT count(*) FROM runlane.requests").fetchone() == (1,)
+    assert sql.execute("SELECT count(*) FROM runlane.runs").fetchone() == (1,)
