@@ -10,19 +10,17 @@ terminal write.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, Error, errors
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from runlane.errors import LaneRefused, NotFound
 from runlane.lanes import (
-    IntakeAction,
     LaneFacts,
     LaneKey,
     LaneSnapshot,
@@ -32,7 +30,6 @@ from runlane.lanes import (
     Request,
     RequestStatus,
     continue_refusal,
-    decide_intake,
 )
 from runlane.maintenance_lock import maintenance_lock
 from runlane.models import Run, RunStatus
@@ -40,6 +37,10 @@ from runlane.queries import named_queries
 
 Conn = AsyncConnection[DictRow]
 
+
+# The SQLSTATE of a refusal raised by runlane.submit_request; its message
+# is the refusal code.
+REFUSED_SQLSTATE = "RL409"
 
 # The advisory lock of the lane recovery pass ("rl_recov").
 RECOVERY_LOCK_KEY = 0x726C5F7265636F76
@@ -77,7 +78,7 @@ class LaneStore:
         return await cur.fetchall()
 
     async def _facts(self, conn: Conn, lane: DictRow) -> tuple[LaneFacts, DictRow]:
-        row = await self._one(conn, "lane_facts", _lane_key_params(lane))
+        row = await self._one(conn, "lane_facts", {"lane_id": lane["id"]})
         assert row is not None
         return _lane_facts(lane, row), row
 
@@ -101,91 +102,42 @@ class LaneStore:
     async def submit(self, new: NewRequest) -> tuple[Request, bool]:
         """Stores the request and dispatches it if the lane lets it start.
         Returns it with whether it is new; raises LaneRefused for a refusal
-        that stores nothing."""
+        that stores nothing. One statement: runlane.submit_request (the
+        intake rules are there, migration 0022)."""
+        key = new.lane
+        params = {
+            **_key_params(key),
+            "request_id": new.request_id,
+            "policy": str(new.policy),
+            "input": Jsonb(new.input),
+            "priority": new.priority,
+            "max_attempts": new.max_attempts,
+            "budget": Jsonb(new.budget or {}),
+            "metadata": Jsonb(new.metadata or {}),
+        }
         for _ in range(3):
             try:
-                return await self._submit_once(new)
+                async with self.pool.connection() as conn:
+                    row = await self._one(conn, "submit_request", params)
             except errors.UniqueViolation as exc:
                 # The same request_id committed concurrently (in another
                 # lane, whose lock we do not hold): look again.
                 if exc.diag.constraint_name != "requests_tenant_request_id_key":
                     raise
+                continue
+            except Error as exc:
+                if exc.sqlstate != REFUSED_SQLSTATE:
+                    raise
+                reason = Refusal(str(exc.diag.message_primary))
+                message = (
+                    f"request_id {new.request_id!r} was used for another submission"
+                    if reason is Refusal.REQUEST_ID_CONFLICT
+                    else _refusal_message(reason)
+                )
+                raise LaneRefused(reason, message) from None
+            assert row is not None
+            return Request.from_row(row), bool(row["created"])
         raise RuntimeError("request intake kept colliding on its request_id")
-
-    async def _submit_once(self, new: NewRequest) -> tuple[Request, bool]:
-        # Two round trips, pipelined: the lane's upsert (which locks it),
-        # the request_id lookup and the lane's facts go together; then the
-        # decision's writes, the request read back and the commit. Each
-        # statement still runs on its own, in order, in one transaction.
-        key = new.lane
-        key_params = _key_params(key)
-        async with self.pool.connection() as conn, conn.pipeline():
-            async with conn.transaction():
-                lane_cur = await conn.execute(self._sql["upsert_lane"], key_params)
-                existing_cur = await conn.execute(
-                    self._sql["find_request"],
-                    {"tenant": key.tenant, "request_id": new.request_id},
-                )
-                facts_cur = await conn.execute(self._sql["lane_facts"], key_params)
-                lane = await lane_cur.fetchone()
-                existing = await existing_cur.fetchone()
-                facts_row = await facts_cur.fetchone()
-                assert lane is not None and facts_row is not None
-                if existing is not None:
-                    same = (
-                        existing["lane_id"] == lane["id"]
-                        and existing["input"] == new.input
-                        and existing["policy"] == new.policy
-                    )
-                    if not same:
-                        raise LaneRefused(
-                            Refusal.REQUEST_ID_CONFLICT,
-                            f"request_id {new.request_id!r} was used for another submission",
-                        )
-                    request_uuid = existing["id"]
-                    created = False
-                else:
-                    facts = _lane_facts(lane, facts_row)
-                    decision = decide_intake(new.policy, facts)
-                    if decision.action is IntakeAction.REFUSE:
-                        assert decision.reason is not None
-                        raise LaneRefused(decision.reason, _refusal_message(decision.reason))
-                    rejected = decision.action is IntakeAction.REJECT
-                    request_uuid = uuid.uuid4()
-                    created = True
-                    await conn.execute(
-                        self._sql["insert_request"],
-                        {
-                            "id": request_uuid,
-                            "request_id": new.request_id,
-                            "tenant": key.tenant,
-                            "lane_id": lane["id"],
-                            "policy": str(new.policy),
-                            "steer": decision.steer,
-                            "status": str(
-                                RequestStatus.REJECTED if rejected else RequestStatus.QUEUED
-                            ),
-                            "reason": str(decision.reason) if decision.reason else None,
-                            "input": Jsonb(new.input),
-                            "priority": new.priority,
-                            "max_attempts": new.max_attempts,
-                            "budget": Jsonb(new.budget or {}),
-                            "metadata": Jsonb(new.metadata or {}),
-                        },
-                    )
-                    if not rejected:
-                        if facts.may_start_run:
-                            await conn.execute(self._sql["dispatch_head"], {"lane_id": lane["id"]})
-                        elif decision.ask_active_to_yield:
-                            await self._ask_active_to_yield(conn, facts_row)
-                request_cur = await conn.execute(
-                    self._sql["request_with_position"], {"id": request_uuid}
-                )
-            # Fetched once the commit is through: the read and the commit
-            # share the second round trip.
-            row = await request_cur.fetchone()
-        assert row is not None
-        return Request.from_row(row), created
 
     # -- reads ----------------------------------------------------------------
 
@@ -377,11 +329,6 @@ class LaneStore:
                 if await self._one(conn, "expire_interrupt", {"run_id": row["id"]}):
                     expired += 1
         return RecoveryResult(dispatched=dispatched, interrupts_expired=expired)
-
-
-def _lane_key_params(lane: DictRow) -> dict[str, str]:
-    """_key_params of a lane's row."""
-    return {name: lane[name] for name in ("tenant", "user_id", "agent", "thread_id")}
 
 
 def _lane_facts(lane: DictRow, row: DictRow) -> LaneFacts:

@@ -80,44 +80,6 @@ class LaneFacts:
         return self.state is LaneState.IDLE
 
 
-class IntakeAction(enum.StrEnum):
-    QUEUE = "queue"  # stored queued; dispatched at once when the lane is idle
-    REJECT = "reject"  # stored rejected, with a reason
-    REFUSE = "refuse"  # nothing stored; an error with a code
-
-
-@dataclass(frozen=True, slots=True)
-class IntakeDecision:
-    action: IntakeAction
-    reason: Refusal | None = None
-    steer: bool = False
-    # The lane's active run must be asked to yield to this steer.
-    ask_active_to_yield: bool = False
-
-
-def decide_intake(policy: Policy, lane: LaneFacts) -> IntakeDecision:
-    """What happens to a new submission with ``policy`` in ``lane``."""
-    if lane.interrupted:
-        if policy is Policy.REJECT:
-            return IntakeDecision(IntakeAction.REJECT, Refusal.RUN_INTERRUPTED)
-        return IntakeDecision(IntakeAction.REFUSE, Refusal.RUN_INTERRUPTED)
-    if policy is Policy.REJECT:
-        if lane.paused:
-            return IntakeDecision(IntakeAction.REJECT, Refusal.LANE_PAUSED)
-        if lane.has_active_run:
-            return IntakeDecision(IntakeAction.REJECT, Refusal.LANE_BUSY)
-        if lane.queued:
-            return IntakeDecision(IntakeAction.REJECT, Refusal.QUEUE_NOT_EMPTY)
-        return IntakeDecision(IntakeAction.QUEUE)
-    if policy is Policy.STEER:
-        if lane.queued_steer:
-            return IntakeDecision(IntakeAction.REFUSE, Refusal.STEER_ALREADY_PENDING)
-        return IntakeDecision(
-            IntakeAction.QUEUE, steer=True, ask_active_to_yield=lane.has_active_run
-        )
-    return IntakeDecision(IntakeAction.QUEUE)
-
-
 def continue_refusal(lane: LaneFacts) -> Refusal | None:
     """Why ``continue`` does not apply to the lane, or None when it does."""
     if lane.interrupted:

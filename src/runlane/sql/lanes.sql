@@ -3,13 +3,6 @@
 -- a transaction that took the lane's row lock first (upsert_lane or
 -- lock_lane).
 
--- name: upsert_lane
--- Finds or creates the lane and locks its row.
-INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)
-VALUES (%(tenant)s, %(user_id)s, %(agent)s, %(thread_id)s)
-ON CONFLICT (tenant, user_id, agent, thread_id) DO UPDATE SET updated_at = now()
-RETURNING *;
-
 -- name: find_lane
 SELECT * FROM runlane.lanes
 WHERE tenant = %(tenant)s AND user_id = %(user_id)s AND agent = %(agent)s
@@ -19,47 +12,30 @@ WHERE tenant = %(tenant)s AND user_id = %(user_id)s AND agent = %(agent)s
 SELECT * FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
 
 -- name: lane_facts
--- What intake and continue decide on; the caller holds the lane lock. The
--- lane is named by its key, so that intake can send this in the same round
--- trip as the upsert that creates and locks it (a statement of its own, so
--- its snapshot is taken after that lock is held).
-WITH lane AS (
-    SELECT id FROM runlane.lanes
-    WHERE tenant = %(tenant)s AND user_id = %(user_id)s AND agent = %(agent)s
-      AND thread_id = %(thread_id)s
-)
+-- What intake and continue decide on; the caller holds the lane lock.
 SELECT
     active.id AS active_run_id,
     active.status AS active_run_status,
     active.kind AS active_run_kind,
     active.steer_requested_at IS NOT NULL AS active_run_asked_to_yield,
-    (SELECT count(*) FROM runlane.requests AS q
-     WHERE q.lane_id = lane.id AND q.status = 'queued') AS queued,
-    (SELECT q.id FROM runlane.requests AS q
-     WHERE q.lane_id = lane.id AND q.status = 'queued' AND q.steer) AS queued_steer_id
-FROM lane
+    (SELECT count(*) FROM runlane.requests
+     WHERE lane_id = %(lane_id)s AND status = 'queued') AS queued,
+    (SELECT id FROM runlane.requests
+     WHERE lane_id = %(lane_id)s AND status = 'queued' AND steer) AS queued_steer_id
+FROM (SELECT 1) AS one
 LEFT JOIN runlane.runs AS active
-    ON active.lane_id = lane.id AND active.status IN ('pending', 'running', 'cancel_requested');
+    ON active.lane_id = %(lane_id)s AND active.status IN ('pending', 'running', 'cancel_requested');
 
 -- name: find_request
 SELECT * FROM runlane.requests WHERE tenant = %(tenant)s AND request_id = %(request_id)s;
 
--- name: insert_request
--- Stores a request in the lane's server order. Its id comes from the
--- caller, who reads it back in the same round trip.
-WITH lane AS (
-    UPDATE runlane.lanes SET last_request_order = last_request_order + 1
-    WHERE id = %(lane_id)s
-    RETURNING last_request_order
-)
-INSERT INTO runlane.requests (id, request_id, tenant, lane_id, policy, steer, status, reason,
-                              input, priority, max_attempts, budget, metadata,
-                              request_order, ended_at)
-SELECT %(id)s, %(request_id)s, %(tenant)s, %(lane_id)s, %(policy)s, %(steer)s, %(status)s, %(reason)s,
-       %(input)s, %(priority)s, %(max_attempts)s, %(budget)s, %(metadata)s,
-       lane.last_request_order, CASE WHEN %(status)s = 'queued' THEN NULL ELSE now() END
-FROM lane
-RETURNING id;
+-- name: submit_request
+-- A submission into a lane, in one statement (runlane.submit_request,
+-- migration 0022): the request as stored, with its position and whether this
+-- call created it. A refusal raises SQLSTATE RL409 and stores nothing.
+SELECT * FROM runlane.submit_request(
+    %(tenant)s, %(user_id)s, %(agent)s, %(thread_id)s, %(request_id)s, %(policy)s,
+    %(input)s, %(priority)s, %(max_attempts)s, %(budget)s, %(metadata)s);
 
 -- name: dispatch_head
 SELECT runlane.dispatch_head(%(lane_id)s) AS run_id;
@@ -76,16 +52,8 @@ SELECT pg_notify('runlane_steer', id::text) FROM asked;
 
 -- name: request_with_position
 -- A request with its live position (1 = next) while queued: a steer goes
--- first, then server order.
-SELECT q.*, l.user_id, l.agent, l.thread_id,
-       CASE WHEN q.status = 'queued' THEN 1 + (
-           SELECT count(*) FROM runlane.requests AS o
-           WHERE o.lane_id = q.lane_id AND o.status = 'queued'
-             AND ((o.steer AND NOT q.steer)
-                  OR (o.steer = q.steer AND o.request_order < q.request_order)))
-       END AS position
-FROM runlane.requests AS q JOIN runlane.lanes AS l ON l.id = q.lane_id
-WHERE q.id = %(id)s;
+-- first, then server order (runlane.request_view, migration 0022).
+SELECT * FROM runlane.request_view(%(id)s);
 
 -- name: queued_requests
 SELECT q.*, l.user_id, l.agent, l.thread_id,
