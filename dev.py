@@ -95,29 +95,29 @@ def cmd_demo(args: list[str]) -> int:
     return exec_([str(BIN / "runlane"), "demo", *args])
 
 
-CHROMIUM = Path("/usr/bin/chromium")
+# Debian packages the tests drive: Chromium for the browser tests (never a
+# downloaded browser), wrk for the API benchmark's smoke test.
+SYSTEM_TOOLS = {"chromium": Path("/usr/bin/chromium"), "wrk": Path("/usr/bin/wrk")}
 
 
-def ensure_chromium() -> None:
-    """The browser tests drive Debian's Chromium (never a downloaded one):
-    install it with apt when this machine allows."""
-    if CHROMIUM.exists():
+def ensure_system_tools() -> None:
+    """Installs the missing SYSTEM_TOOLS with apt when this machine allows."""
+    missing = [name for name, path in SYSTEM_TOOLS.items() if not path.exists()]
+    if not missing:
         return
     apt = shutil.which("apt-get")
     if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        log("no /usr/bin/chromium and no root apt-get: the browser tests will be skipped")
+        log(f"no {', '.join(missing)} and no root apt-get: the tests that need them are skipped")
         return
-    log("installing Debian's chromium for the browser tests")
+    log(f"installing Debian's {', '.join(missing)} for the tests")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run([apt, "update"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        [apt, "install", "-y", "chromium"], check=True, env=env, stdout=subprocess.DEVNULL
-    )
+    subprocess.run([apt, "install", "-y", *missing], check=True, env=env, stdout=subprocess.DEVNULL)
 
 
 def cmd_test(args: list[str]) -> int:
     ensure_installed("dev")
-    ensure_chromium()
+    ensure_system_tools()
     return exec_([str(PYTHON), "-m", "pytest", *args])
 
 

@@ -3,10 +3,13 @@
 subscribers on R runs (``GET /v1/runs/{id}/events``), event delivery p99.
 
 One uvicorn process serves ``runlane.api.create_app`` (its default pool of
-20 connections); a separate load-generator process (httpx, asyncio, C
-keep-alive connections) posts for T seconds, every request to a new thread
-(so every lane is idle and the request is dispatched at once). No worker
-runs during the submit test.
+20 connections); a separate load-generator process posts for T seconds over
+C keep-alive connections, every request to a new thread (so every lane is
+idle and the request is dispatched at once). The generator is wrk (one
+thread, ``bench/api_wrk.lua``) when it is on the PATH, else a Python one
+(httpx, asyncio), which spends about 3.5 ms of CPU per request and so
+saturates a core before the server does. No worker runs during the submit
+test.
 
 SSE: R runs are submitted; a subscriber process opens S streams (S/R per
 run) and says ``ready`` once every stream answered; then a worker (mode
@@ -20,6 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -137,11 +143,64 @@ def last_json(proc: Proc, timeout: float) -> dict[str, Any]:
     return result
 
 
+WRK_SCRIPT = Path(__file__).with_name("api_wrk.lua")
+
+
+def wrk_run(base: str, key: str, connections: int, seconds: float) -> dict[str, Any]:
+    """One wrk run, in the shape of ``load``'s result (its CPU from the
+    kernel's accounting of the finished process)."""
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(seconds, 1):g}s"]
+    command += ["-s", str(WRK_SCRIPT), base, "--", key, uuid.uuid4().hex[:12], AGENT]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    with proc.stdout:
+        out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk exited {proc.returncode}")
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    ok = result["requests"] - result["errors"]
+    elapsed = result["duration_us"] / 1e6
+    return {
+        "ok": ok,
+        "errors": result["errors"],
+        "seconds": elapsed,
+        "per_s": ok / elapsed,
+        "latency": {"p50_ms": result["p50_us"] / 1000, "p99_ms": result["p99_us"] / 1000},
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+    }
+
+
 def submit_round(
-    url: str, base: str, key: str, server: Proc, cfg: dict[str, Any]
+    url: str, base: str, key: str, server: Proc, cfg: dict[str, Any], *, use_wrk: bool
 ) -> dict[str, Any]:
+    if use_wrk:
+        # Warm wrk's connections and the server's pool, outside the counts.
+        wrk_run(base, key, cfg["connections"], 1)
     cpu_server = server.cpu_seconds()
     cpu_pg = sum(process_cpu_seconds(p) for p in backend_pids(url))
+    if use_wrk:
+        result = wrk_run(base, key, cfg["connections"], cfg["seconds"])
+        result["load_generator"] = "wrk"
+    else:
+        result = python_load(base, key, cfg)
+        result["load_generator"] = "httpx"
+    result["server_cpu_ms_per_request"] = (
+        (server.cpu_seconds() - cpu_server) * 1000 / max(result["ok"], 1)
+    )
+    result["load_cpu_ms_per_request"] = result["cpu_seconds"] * 1000 / max(result["ok"], 1)
+    result["pg_cpu_ms_per_request"] = (
+        (sum(process_cpu_seconds(p) for p in backend_pids(url)) - cpu_pg)
+        * 1000
+        / max(result["ok"], 1)
+    )
+    return result
+
+
+def python_load(base: str, key: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The Python load generator (``load``) in a process of its own (its
+    warm-up inside the counts)."""
     load = spawn(
         "bench.api",
         [
@@ -157,17 +216,7 @@ def submit_round(
         ],
         name="load generator",
     )
-    result = last_json(load, timeout=cfg["seconds"] + 60)
-    result["server_cpu_ms_per_request"] = (
-        (server.cpu_seconds() - cpu_server) * 1000 / max(result["ok"], 1)
-    )
-    result["load_cpu_ms_per_request"] = result["cpu_seconds"] * 1000 / max(result["ok"], 1)
-    result["pg_cpu_ms_per_request"] = (
-        (sum(process_cpu_seconds(p) for p in backend_pids(url)) - cpu_pg)
-        * 1000
-        / max(result["ok"], 1)
-    )
-    return result
+    return last_json(load, timeout=cfg["seconds"] + 60)
 
 
 def sse_round(url: str, base: str, key: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -212,8 +261,18 @@ def sse_round(url: str, base: str, key: str, cfg: dict[str, Any]) -> dict[str, A
     return result
 
 
-def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> dict[str, Any]:
+def run(
+    size: str = "small",
+    runs: int = 3,
+    *,
+    out_dir: Path | None = None,
+    load_generator: str = "auto",
+) -> dict[str, Any]:
+    """``load_generator``: wrk, httpx, or auto (wrk when on the PATH)."""
     cfg = SIZES[size]
+    use_wrk = load_generator == "wrk" or (
+        load_generator == "auto" and shutil.which("wrk") is not None
+    )
     submits: list[dict[str, Any]] = []
     streams: list[dict[str, Any]] = []
     with bench_database("api") as url:
@@ -221,7 +280,7 @@ def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> d
         server, base = start_server(url)
         with running([server]):
             for rnd in range(runs):
-                result = submit_round(url, base, key, server, cfg)
+                result = submit_round(url, base, key, server, cfg, use_wrk=use_wrk)
                 result["round"] = rnd
                 submits.append(result)
                 print(
@@ -246,6 +305,7 @@ def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> d
         "server_cpu_ms_per_request": median([r["server_cpu_ms_per_request"] for r in submits]),
         "pg_cpu_ms_per_request": median([r["pg_cpu_ms_per_request"] for r in submits]),
         "load_cpu_ms_per_request": median([r["load_cpu_ms_per_request"] for r in submits]),
+        "load_generator": submits[0]["load_generator"],
         "sse_streams": cfg["subscribers"],
         "sse_runs": cfg["runs"],
         "sse_p50_ms": median([r["latency"]["p50_ms"] for r in streams]),
@@ -256,7 +316,10 @@ def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> d
     summary["table"] = print_table(
         ["measure", "median of rounds"],
         [
-            [f"submits/s ({cfg['connections']} connections)", summary["submits_per_s"]],
+            [
+                f"submits/s ({cfg['connections']} connections, {summary['load_generator']})",
+                summary["submits_per_s"],
+            ],
             ["submit p50 ms", summary["submit_p50_ms"]],
             ["submit p99 ms", summary["submit_p99_ms"]],
             ["API process CPU ms/submit", summary["server_cpu_ms_per_request"]],
@@ -403,11 +466,16 @@ async def subscribe(base: str, key: str, ids: list[str], per_run: int) -> dict[s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument(
+        "--load-generator",
+        choices=["auto", "wrk", "httpx"],
+        default="auto",
+        help="auto: wrk when it is on the PATH, else httpx",
+    )
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    return run(args.size, args.runs, out_dir=args.out_dir)
+    return run(args.size, args.runs, out_dir=args.out_dir, load_generator=args.load_generator)
 
 
 if __name__ == "__main__":
