@@ -21,8 +21,12 @@ from psycopg import ClientCursor
 from psycopg.types.json import Jsonb
 
 from runlane.database import create_pool
+from runlane.lane_service import LaneService
+from runlane.lane_store import LaneStore
 from runlane.models import Outcome, RunStatus
 from runlane.queries import named_queries
+from runlane.service import RunService
+from runlane.settings import Settings
 from runlane.store import Finish, RunStore
 
 Conn = psycopg.Connection[Any]
@@ -626,3 +630,61 @@ async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
     assert [row[0] for row in listed] == [row[0] for row in expected]
     assert len(listed) == 5
     assert read < 100
+
+
+async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
+    db_url: str, sql: Conn, settings: Settings
+) -> None:
+    # runlane.submit_request's statements keep their plans for the
+    # connection once it has run often enough (as a prepared statement's),
+    # here made while the lane tables held a few rows. Then other lanes
+    # fill up; a submit must still find its lane, its request_id, its
+    # lane's facts and its position through the indexes.
+    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    try:
+        lanes = LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
+
+        async def submit(thread_id: str, i: int) -> None:
+            await lanes.submit(
+                tenant="t", user_id="u", agent="a", thread_id=thread_id, input={"i": i}
+            )
+
+        async def rows_read() -> int:
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT sum(t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
+                    " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0)) AS n"
+                    " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x"
+                    " USING (relid) WHERE t.schemaname = 'runlane'"
+                    " AND t.relname IN ('lanes', 'requests', 'runs')"
+                )
+                row = await cur.fetchone()
+            assert row is not None
+            return int(row["n"])
+
+        await submit("small", 0)
+        sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
+        for i in range(12):
+            await submit("busy", i)  # the first dispatched, the rest queued
+            await submit(f"idle-{i}", i)
+        sql.execute(
+            "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+            " SELECT 't', 'u', 'a', 'other-' || g FROM generate_series(1, 3000) AS g"
+        )
+        sql.execute(
+            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
+            " max_attempts, request_order)"
+            " SELECT 'r-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 1"
+            " FROM runlane.lanes AS l WHERE l.thread_id LIKE 'other-%'"
+        )
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+            " SELECT 'a', '{}', 3, 'completed', now() FROM generate_series(1, 3000)"
+        )
+        before = await rows_read()
+        await submit("busy", 12)
+        await submit("idle-new", 12)
+        assert await rows_read() - before < 100
+    finally:
+        await pool.close()

@@ -29,6 +29,15 @@
 -- Each statement in the function takes a new snapshot (READ COMMITTED), so
 -- the facts are read after the lane lock is held, as before.
 --
+-- Its plans (and those of runlane.dispatch_head and of the foreign-key
+-- checks it fires) are pinned like the run writes' of 0019: kept for the
+-- session, with sequential and bitmap scans off, so each statement finds
+-- its rows through its index whatever the statistics were when the plan
+-- was made. The seven statements this replaces were prepared statements
+-- and, made while the lane tables were small, read them whole as they grew
+-- (42,417 rows read by two submits beside 3,000 busy lanes;
+-- tests/integration/test_query_plans.py).
+--
 -- runlane.request_view is a request as callers see it, with its live
 -- position while queued (a steer goes first, then server order): the
 -- request_with_position query and submit_request both answer it.
@@ -49,7 +58,15 @@ LANGUAGE sql STABLE AS $$
                       OR (o.steer = q.steer AND o.request_order < q.request_order)))
            END,
            q.created_at, q.dispatched_at, q.ended_at
-    FROM runlane.requests AS q JOIN runlane.lanes AS l ON l.id = q.lane_id
+    FROM runlane.requests AS q
+    -- OFFSET 0 keeps this a lookup of the request's own lane: flattened
+    -- into a join, a plan kept from when lanes held one row read every
+    -- lane's index entry instead.
+    CROSS JOIN LATERAL (
+        SELECT l.user_id, l.agent, l.thread_id FROM runlane.lanes AS l
+        WHERE l.id = q.lane_id
+        OFFSET 0
+    ) AS l
     WHERE q.id = p_id
 $$;
 
@@ -71,7 +88,12 @@ CREATE FUNCTION runlane.submit_request(
     priority integer, metadata jsonb, run_id uuid, "position" bigint,
     created_at timestamptz, dispatched_at timestamptz, ended_at timestamptz, created boolean
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
 #variable_conflict use_column
 DECLARE
     lane runlane.lanes%ROWTYPE;
