@@ -445,6 +445,22 @@ async def test_a_claims_attempt_check_finds_the_run_by_primary_key(sql: Conn, ca
     assert running == (15,)
 
 
+async def pool_rows_read(pool: Any, tables: tuple[str, ...]) -> int:
+    """Rows of the runlane tables read on a one-connection pool's
+    connection, reported and not yet reported, in one statement."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT sum(t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
+            " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0)) AS n"
+            " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x"
+            " USING (relid) WHERE t.schemaname = 'runlane' AND t.relname = ANY(%s)",
+            (list(tables),),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
 async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
     db_url: str, sql: Conn
 ) -> None:
@@ -463,19 +479,6 @@ async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
                 [Finish(claimed[0].run.id, claimed[0].lease_token, Outcome.COMPLETED)]
             )
 
-        async def runs_rows_read() -> int:
-            # Reported and not yet reported, read in one statement.
-            async with pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
-                    " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0) AS n"
-                    " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x"
-                    " USING (relid) WHERE t.schemaname = 'runlane' AND t.relname = 'runs'"
-                )
-                row = await cur.fetchone()
-            assert row is not None
-            return int(row["n"])
-
         for _ in range(12):
             sql.execute(
                 "INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)"
@@ -487,12 +490,12 @@ async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
         )
         sql.execute("INSERT INTO runlane.runs (agent, input, max_attempts) VALUES ('a', '{}', 3)")
         claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
-        before = await runs_rows_read()
+        before = await pool_rows_read(pool, ("runs",))
         statuses = await store.finish_attempts_status(
             [Finish(claimed[0].run.id, claimed[0].lease_token, Outcome.COMPLETED)]
         )
         assert statuses == {claimed[0].run.id: RunStatus.COMPLETED}
-        assert await runs_rows_read() - before < 100
+        assert await pool_rows_read(pool, ("runs",)) - before < 100
     finally:
         await pool.close()
 
@@ -510,21 +513,6 @@ async def test_a_long_lived_worker_connections_run_writes_keep_index_plans(
     await pool.open()
     try:
         store = RunStore(pool)
-
-        async def rows_read() -> int:
-            # runs and run_effects, reported and not yet reported, in one
-            # statement on the pool's connection.
-            async with pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT sum(t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
-                    " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0)) AS n"
-                    " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x"
-                    " USING (relid) WHERE t.schemaname = 'runlane'"
-                    " AND t.relname IN ('runs', 'run_effects')"
-                )
-                row = await cur.fetchone()
-            assert row is not None
-            return int(row["n"])
 
         async def each_write(run_id: UUID, token: UUID, i: int) -> None:
             assert await store.append_event(run_id, token, "note", {"i": i}) is not None
@@ -549,9 +537,9 @@ async def test_a_long_lived_worker_connections_run_writes_keep_index_plans(
             "INSERT INTO runlane.run_effects (run_id, key, result, attempt)"
             " SELECT id, 'x', '1', 1 FROM runlane.runs WHERE status = 'completed'"
         )
-        before = await rows_read()
+        before = await pool_rows_read(pool, ("runs", "run_effects"))
         await each_write(run_id, token, 12)
-        assert await rows_read() - before < 100
+        assert await pool_rows_read(pool, ("runs", "run_effects")) - before < 100
     finally:
         await pool.close()
 
@@ -650,19 +638,6 @@ async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
                 tenant="t", user_id="u", agent="a", thread_id=thread_id, input={"i": i}
             )
 
-        async def rows_read() -> int:
-            async with pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT sum(t.seq_tup_read + coalesce(t.idx_tup_fetch, 0)"
-                    " + x.seq_tup_read + coalesce(x.idx_tup_fetch, 0)) AS n"
-                    " FROM pg_stat_user_tables AS t JOIN pg_stat_xact_user_tables AS x"
-                    " USING (relid) WHERE t.schemaname = 'runlane'"
-                    " AND t.relname IN ('lanes', 'requests', 'runs')"
-                )
-                row = await cur.fetchone()
-            assert row is not None
-            return int(row["n"])
-
         await submit("small", 0)
         sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
         for i in range(12):
@@ -682,9 +657,10 @@ async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
             "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
             " SELECT 'a', '{}', 3, 'completed', now() FROM generate_series(1, 3000)"
         )
-        before = await rows_read()
+        tables = ("lanes", "requests", "runs")
+        before = await pool_rows_read(pool, tables)
         await submit("busy", 12)
         await submit("idle-new", 12)
-        assert await rows_read() - before < 100
+        assert await pool_rows_read(pool, tables) - before < 100
     finally:
         await pool.close()
