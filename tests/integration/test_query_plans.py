@@ -664,3 +664,45 @@ async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
         assert await pool_rows_read(pool, tables) - before < 100
     finally:
         await pool.close()
+
+
+async def test_a_long_lived_api_connections_request_reads_keep_index_plans(
+    db_url: str, sql: Conn, settings: Settings
+) -> None:
+    # A client polls its request (GET /v1/requests/{id}); the reads are
+    # prepared on the API's connection while the lane tables are small,
+    # then other lanes fill up.
+    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    try:
+        lanes = LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
+        for i in range(3):
+            await lanes.submit(
+                tenant="t",
+                user_id="u",
+                agent="a",
+                thread_id="busy",
+                input={"i": i},
+                request_id=f"mine-{i}",
+            )
+        sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
+        for _ in range(12):
+            request = await lanes.get_request(tenant="t", request_id="mine-2")
+            assert request.position == 2
+        sql.execute(
+            "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+            " SELECT 't', 'u', 'a', 'other-' || g FROM generate_series(1, 3000) AS g"
+        )
+        sql.execute(
+            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
+            " max_attempts, request_order)"
+            " SELECT 'r-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 1"
+            " FROM runlane.lanes AS l WHERE l.thread_id LIKE 'other-%'"
+        )
+        tables = ("lanes", "requests", "runs")
+        before = await pool_rows_read(pool, tables)
+        request = await lanes.get_request(tenant="t", request_id="mine-2")
+        assert request.position == 2
+        assert await pool_rows_read(pool, tables) - before < 100
+    finally:
+        await pool.close()

@@ -27,7 +27,8 @@ LEFT JOIN runlane.runs AS active
     ON active.lane_id = %(lane_id)s AND active.status IN ('pending', 'running', 'cancel_requested');
 
 -- name: find_request
-SELECT * FROM runlane.requests WHERE tenant = %(tenant)s AND request_id = %(request_id)s;
+-- A request by its client request_id (runlane.find_request, migration 0022).
+SELECT * FROM runlane.find_request(%(tenant)s, %(request_id)s);
 
 -- name: submit_request
 -- A submission into a lane, in one statement (runlane.submit_request,
