@@ -12,6 +12,7 @@ at any size.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 from psycopg import ClientCursor
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
 from runlane.database import create_pool
 from runlane.lane_service import LaneService
@@ -620,89 +622,88 @@ async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
     assert read < 100
 
 
+def add_busy_lanes(sql: Conn, n: int) -> None:
+    """n other lanes of tenant t, each with a request queued."""
+    sql.execute(
+        "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+        " SELECT 't', 'u', 'a', 'other-' || g FROM generate_series(1, %s) AS g",
+        (n,),
+    )
+    sql.execute(
+        "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
+        " max_attempts, request_order)"
+        " SELECT 'r-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 1"
+        " FROM runlane.lanes AS l WHERE l.thread_id LIKE 'other-%%'"
+    )
+
+
+@pytest.fixture
+async def api_connection(
+    db_url: str, settings: Settings
+) -> AsyncIterator[tuple[AsyncConnectionPool[Any], LaneService]]:
+    """One pool connection, as a long-lived API connection's, and a lane
+    service over it."""
+    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    try:
+        yield pool, LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
+    finally:
+        await pool.close()
+
+
 async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
-    db_url: str, sql: Conn, settings: Settings
+    api_connection: tuple[AsyncConnectionPool[Any], LaneService], sql: Conn
 ) -> None:
     # runlane.submit_request's statements keep their plans for the
     # connection once it has run often enough (as a prepared statement's),
     # here made while the lane tables held a few rows. Then other lanes
     # fill up; a submit must still find its lane, its request_id, its
     # lane's facts and its position through the indexes.
-    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
-    await pool.open()
-    try:
-        lanes = LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
+    pool, lanes = api_connection
 
-        async def submit(thread_id: str, i: int) -> None:
-            await lanes.submit(
-                tenant="t", user_id="u", agent="a", thread_id=thread_id, input={"i": i}
-            )
+    async def submit(thread_id: str, i: int) -> None:
+        await lanes.submit(tenant="t", user_id="u", agent="a", thread_id=thread_id, input={"i": i})
 
-        await submit("small", 0)
-        sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
-        for i in range(12):
-            await submit("busy", i)  # the first dispatched, the rest queued
-            await submit(f"idle-{i}", i)
-        sql.execute(
-            "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
-            " SELECT 't', 'u', 'a', 'other-' || g FROM generate_series(1, 3000) AS g"
-        )
-        sql.execute(
-            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
-            " max_attempts, request_order)"
-            " SELECT 'r-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 1"
-            " FROM runlane.lanes AS l WHERE l.thread_id LIKE 'other-%'"
-        )
-        sql.execute(
-            "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
-            " SELECT 'a', '{}', 3, 'completed', now() FROM generate_series(1, 3000)"
-        )
-        tables = ("lanes", "requests", "runs")
-        before = await pool_rows_read(pool, tables)
-        await submit("busy", 12)
-        await submit("idle-new", 12)
-        assert await pool_rows_read(pool, tables) - before < 100
-    finally:
-        await pool.close()
+    await submit("small", 0)
+    sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
+    for i in range(12):
+        await submit("busy", i)  # the first dispatched, the rest queued
+        await submit(f"idle-{i}", i)
+    add_busy_lanes(sql, 3000)
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+        " SELECT 'a', '{}', 3, 'completed', now() FROM generate_series(1, 3000)"
+    )
+    tables = ("lanes", "requests", "runs")
+    before = await pool_rows_read(pool, tables)
+    await submit("busy", 12)
+    await submit("idle-new", 12)
+    assert await pool_rows_read(pool, tables) - before < 100
 
 
 async def test_a_long_lived_api_connections_request_reads_keep_index_plans(
-    db_url: str, sql: Conn, settings: Settings
+    api_connection: tuple[AsyncConnectionPool[Any], LaneService], sql: Conn
 ) -> None:
     # A client polls its request (GET /v1/requests/{id}); the reads are
     # prepared on the API's connection while the lane tables are small,
     # then other lanes fill up.
-    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
-    await pool.open()
-    try:
-        lanes = LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
-        for i in range(3):
-            await lanes.submit(
-                tenant="t",
-                user_id="u",
-                agent="a",
-                thread_id="busy",
-                input={"i": i},
-                request_id=f"mine-{i}",
-            )
-        sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
-        for _ in range(12):
-            request = await lanes.get_request(tenant="t", request_id="mine-2")
-            assert request.position == 2
-        sql.execute(
-            "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
-            " SELECT 't', 'u', 'a', 'other-' || g FROM generate_series(1, 3000) AS g"
+    pool, lanes = api_connection
+    for i in range(3):
+        await lanes.submit(
+            tenant="t",
+            user_id="u",
+            agent="a",
+            thread_id="busy",
+            input={"i": i},
+            request_id=f"mine-{i}",
         )
-        sql.execute(
-            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
-            " max_attempts, request_order)"
-            " SELECT 'r-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 1"
-            " FROM runlane.lanes AS l WHERE l.thread_id LIKE 'other-%'"
-        )
-        tables = ("lanes", "requests", "runs")
-        before = await pool_rows_read(pool, tables)
+    sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
+    for _ in range(12):
         request = await lanes.get_request(tenant="t", request_id="mine-2")
         assert request.position == 2
-        assert await pool_rows_read(pool, tables) - before < 100
-    finally:
-        await pool.close()
+    add_busy_lanes(sql, 3000)
+    tables = ("lanes", "requests", "runs")
+    before = await pool_rows_read(pool, tables)
+    request = await lanes.get_request(tenant="t", request_id="mine-2")
+    assert request.position == 2
+    assert await pool_rows_read(pool, tables) - before < 100
