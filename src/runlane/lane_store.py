@@ -80,7 +80,14 @@ class LaneStore:
     async def _facts(self, conn: Conn, lane: DictRow) -> tuple[LaneFacts, DictRow]:
         row = await self._one(conn, "lane_facts", {"lane_id": lane["id"]})
         assert row is not None
-        return _lane_facts(lane, row), row
+        facts = LaneFacts(
+            has_active_run=row["active_run_id"] is not None,
+            paused=lane["paused_run_id"] is not None,
+            interrupted=lane["interrupted_run_id"] is not None,
+            queued=int(row["queued"]),
+            queued_steer=row["queued_steer_id"] is not None,
+        )
+        return facts, row
 
     async def _request(self, conn: Conn, request_uuid: UUID) -> Request:
         row = await self._one(conn, "request_with_position", {"id": request_uuid})
@@ -88,13 +95,8 @@ class LaneStore:
         return Request.from_row(row)
 
     async def _ask_active_to_yield(self, conn: Conn, facts_row: DictRow) -> None:
-        """A steer waits: the active run yields at its next safe point (a run
-        not started yet, at its first). A tool call in progress is never
-        stopped by a steer."""
-        if facts_row["active_run_kind"] == "resume":
-            # A resume carries a human's answer: the steer waits its turn
-            # rather than throw the answer away.
-            return
+        """A steer waits: the active run yields at its next safe point. A
+        tool call in progress is never stopped by a steer."""
         await conn.execute(self._sql["request_steer"], {"run_id": facts_row["active_run_id"]})
 
     # -- intake ---------------------------------------------------------------
@@ -329,18 +331,6 @@ class LaneStore:
                 if await self._one(conn, "expire_interrupt", {"run_id": row["id"]}):
                     expired += 1
         return RecoveryResult(dispatched=dispatched, interrupts_expired=expired)
-
-
-def _lane_facts(lane: DictRow, row: DictRow) -> LaneFacts:
-    """The facts intake and continue decide on: the lane's row (locked)
-    and its lane_facts row."""
-    return LaneFacts(
-        has_active_run=row["active_run_id"] is not None,
-        paused=lane["paused_run_id"] is not None,
-        interrupted=lane["interrupted_run_id"] is not None,
-        queued=int(row["queued"]),
-        queued_steer=row["queued_steer_id"] is not None,
-    )
 
 
 def _key_params(key: LaneKey) -> dict[str, str]:

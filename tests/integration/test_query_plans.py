@@ -447,7 +447,7 @@ async def test_a_claims_attempt_check_finds_the_run_by_primary_key(sql: Conn, ca
     assert running == (15,)
 
 
-async def pool_rows_read(pool: Any, tables: tuple[str, ...]) -> int:
+async def pool_rows_read(pool: AsyncConnectionPool[Any], tables: tuple[str, ...]) -> int:
     """Rows of the runlane tables read on a one-connection pool's
     connection, reported and not yet reported, in one statement."""
     async with pool.connection() as conn:

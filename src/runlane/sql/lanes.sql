@@ -1,7 +1,7 @@
 -- Named queries of the lanes layer. Each block starts with "-- name: NAME";
 -- runlane.lane_store owns them. Every statement that changes a lane runs in
--- a transaction that took the lane's row lock first (upsert_lane or
--- lock_lane).
+-- a transaction that took the lane's row lock first (lock_lane, or the
+-- upsert in runlane.submit_request).
 
 -- name: find_lane
 SELECT * FROM runlane.lanes
@@ -15,8 +15,6 @@ SELECT * FROM runlane.lanes WHERE id = %(lane_id)s FOR UPDATE;
 -- What intake and continue decide on; the caller holds the lane lock.
 SELECT
     active.id AS active_run_id,
-    active.status AS active_run_status,
-    active.kind AS active_run_kind,
     active.steer_requested_at IS NOT NULL AS active_run_asked_to_yield,
     (SELECT count(*) FROM runlane.requests
      WHERE lane_id = %(lane_id)s AND status = 'queued') AS queued,
@@ -42,14 +40,9 @@ SELECT * FROM runlane.submit_request(
 SELECT runlane.dispatch_head(%(lane_id)s) AS run_id;
 
 -- name: request_steer
--- Asks the lane's active run to yield at its next safe point (a pending run
--- yields at its first, once a worker claims it).
-WITH asked AS (
-    UPDATE runlane.runs SET steer_requested_at = coalesce(steer_requested_at, now())
-    WHERE id = %(run_id)s AND status IN ('pending', 'running', 'cancel_requested')
-    RETURNING id
-)
-SELECT pg_notify('runlane_steer', id::text) FROM asked;
+-- Asks the lane's active run to yield to a steer (runlane.ask_to_yield,
+-- migration 0022: not a resume's run).
+SELECT runlane.ask_to_yield(%(run_id)s);
 
 -- name: request_with_position
 -- A request with its live position (1 = next) while queued: a steer goes

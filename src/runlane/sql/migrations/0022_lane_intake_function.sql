@@ -97,6 +97,23 @@ BEGIN
 END;
 $$;
 
+-- runlane.ask_to_yield asks a lane's active run to yield to a queued steer
+-- at its next safe point (a pending run at its first, once claimed), and
+-- wakes its worker. A resume carries a human's answer: the steer waits its
+-- turn rather than throw the answer away. Intake and promote-to-steer both
+-- call it.
+CREATE FUNCTION runlane.ask_to_yield(p_run_id uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE runlane.runs SET steer_requested_at = coalesce(steer_requested_at, now())
+    WHERE id = p_run_id AND kind <> 'resume'
+      AND status IN ('pending', 'running', 'cancel_requested');
+    IF FOUND THEN
+        PERFORM pg_notify('runlane_steer', p_run_id::text);
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION runlane.submit_request(
     p_tenant text,
     p_user_id text,
@@ -126,7 +143,6 @@ DECLARE
     lane runlane.lanes%ROWTYPE;
     existing runlane.requests%ROWTYPE;
     active_id uuid;
-    active_kind text;
     queued bigint;
     queued_steer boolean;
     refusal text;
@@ -150,7 +166,7 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT r.id, r.kind INTO active_id, active_kind FROM runlane.runs AS r
+    SELECT r.id INTO active_id FROM runlane.runs AS r
     WHERE r.lane_id = lane.id AND r.status IN ('pending', 'running', 'cancel_requested');
     SELECT count(*), coalesce(bool_or(q.steer), false) INTO queued, queued_steer
     FROM runlane.requests AS q
@@ -192,14 +208,8 @@ BEGIN
     IF rejection IS NULL THEN
         IF active_id IS NULL AND lane.paused_run_id IS NULL THEN
             PERFORM runlane.dispatch_head(lane.id);
-        ELSIF is_steer AND active_id IS NOT NULL AND active_kind <> 'resume' THEN
-            -- A resume carries a human's answer: the steer waits its turn
-            -- rather than throw the answer away.
-            UPDATE runlane.runs SET steer_requested_at = coalesce(steer_requested_at, now())
-            WHERE id = active_id AND status IN ('pending', 'running', 'cancel_requested');
-            IF FOUND THEN
-                PERFORM pg_notify('runlane_steer', active_id::text);
-            END IF;
+        ELSIF is_steer AND active_id IS NOT NULL THEN
+            PERFORM runlane.ask_to_yield(active_id);
         END IF;
     END IF;
     RETURN QUERY SELECT v.*, true FROM runlane.request_view(new_id) AS v;
