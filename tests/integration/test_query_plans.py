@@ -622,6 +622,54 @@ async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
     assert read < 100
 
 
+@pytest.mark.parametrize("statuses", [None, ["completed"], ["pending"]], ids=str)
+async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
+    sql: Conn, statuses: list[str] | None
+) -> None:
+    # An operator's listing (`runlane runs list`: no tenant) read and sorted
+    # every run stored to show one page. Three tenants' histories, their
+    # runs interleaved in time, and a few pending runs among the oldest.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+        " created_at)"
+        " SELECT 't' || (g % 3), 'a', '{}', 3, 'completed', now(),"
+        " now() - g * interval '1 second' FROM generate_series(1, 6000) AS g"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
+        " SELECT 't' || (g % 3), 'a', '{}', 3, now() - interval '1 day'"
+        " FROM generate_series(1, 7) AS g"
+    )
+    sql.execute("ANALYZE runlane.runs")
+    query = named_queries("queries.sql")["list_runs"]
+    params = {**list_params(statuses or [], None), "tenant": None, "statuses": statuses}
+    expected = [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs WHERE %s::text[] IS NULL OR status = ANY(%s)"
+            " ORDER BY created_at DESC, id DESC",
+            (statuses, statuses),
+        ).fetchall()
+    ]
+    pages: list[UUID] = []
+    for _ in range(2):
+        with sql.transaction(force_rollback=True):
+            before = rows_read(sql, "runs")
+            cur = sql.execute(query, params)
+            page = cur.fetchall()
+            read = rows_read(sql, "runs") - before
+        assert read < 100
+        columns = [c.name for c in cur.description or []]
+        pages += [row[columns.index("id")] for row in page]
+        # The cursor: the (created_at, id) of the last run seen.
+        params = {
+            **params,
+            "before_created_at": page[-1][columns.index("created_at")],
+            "before_id": page[-1][columns.index("id")],
+        }
+    assert pages == expected[:10]
+
+
 def add_busy_lanes(sql: Conn, n: int) -> None:
     """n other lanes of tenant t, each with a request queued."""
     sql.execute(
