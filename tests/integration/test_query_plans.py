@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runlane.database import create_pool
 from runlane.lane_service import LaneService
-from runlane.lane_store import LaneStore
+from runlane.lane_store import LaneStore, RecoveryResult
 from runlane.models import Outcome, RunStatus
 from runlane.queries import named_queries
 from runlane.service import RunService
@@ -755,3 +755,58 @@ async def test_a_long_lived_api_connections_request_reads_keep_index_plans(
     request = await lanes.get_request(tenant="t", request_id="mine-2")
     assert request.position == 2
     assert await pool_rows_read(pool, tables) - before < 100
+
+
+async def test_a_long_lived_worker_connections_recovery_pass_keeps_index_plans(
+    db_url: str, sql: Conn
+) -> None:
+    # Every worker runs the lane recovery pass every reaper interval on a
+    # connection of its pool. Its scans are prepared there while the lane
+    # tables are small; then the history grows: 3,000 lanes with four
+    # dispatched requests and four finished runs each, and three lanes that
+    # a crash left with a request queued and no run. A pass must find those
+    # three and dispatch them without reading the history (3,030 rows read
+    # here before migration 0023, 33 after).
+    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    try:
+        store = LaneStore(pool)
+        sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
+        for _ in range(7):
+            assert await store.recover() == RecoveryResult(dispatched=0, interrupts_expired=0)
+        sql.execute(
+            "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+            " SELECT 't', 'u', 'a', 'old-' || g FROM generate_series(1, 3003) AS g"
+        )
+        sql.execute(
+            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
+            " max_attempts, request_order, dispatched_at)"
+            " SELECT 'r-' || l.id || '-' || g, 't', l.id, 'enqueue', 'dispatched', '{}', 3, g,"
+            " now() FROM runlane.lanes AS l, generate_series(1, 4) AS g"
+        )
+        sql.execute(
+            "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+            " lane_id, thread_id)"
+            " SELECT 't', 'a', '{}', 3, 'completed', now(), l.id, l.thread_id"
+            " FROM runlane.lanes AS l, generate_series(1, 4)"
+        )
+        stranded = [
+            row[0]
+            for row in sql.execute(
+                "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status,"
+                " input, max_attempts, request_order)"
+                " SELECT 'q-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 10"
+                " FROM runlane.lanes AS l WHERE l.thread_id IN ('old-1', 'old-2', 'old-3')"
+                " RETURNING lane_id"
+            ).fetchall()
+        ]
+        tables = ("lanes", "requests", "runs")
+        before = await pool_rows_read(pool, tables)
+        assert await store.recover() == RecoveryResult(dispatched=3, interrupts_expired=0)
+        assert await pool_rows_read(pool, tables) - before < 200
+    finally:
+        await pool.close()
+    active = sql.execute(
+        "SELECT lane_id FROM runlane.runs WHERE status = 'pending' ORDER BY lane_id"
+    ).fetchall()
+    assert [row[0] for row in active] == sorted(stranded)

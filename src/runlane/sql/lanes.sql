@@ -107,22 +107,14 @@ SELECT * FROM runlane.runs WHERE resumed_from = %(run_id)s;
 -- name: lanes_needing_dispatch
 -- Lanes with queued requests that are idle, not paused, not interrupted.
 -- Walks only queued requests (a partial index), so its cost grows with the
--- lanes that have work, not with every lane ever used.
-SELECT DISTINCT q.lane_id FROM runlane.requests AS q
-WHERE q.status = 'queued'
-  AND NOT EXISTS (
-      SELECT 1 FROM runlane.runs AS r
-      WHERE r.lane_id = q.lane_id AND r.status IN ('pending', 'running', 'cancel_requested'))
-  AND EXISTS (
-      SELECT 1 FROM runlane.lanes AS l
-      WHERE l.id = q.lane_id AND l.paused_run_id IS NULL AND l.interrupted_run_id IS NULL)
-LIMIT %(limit)s;
+-- lanes that have work, not with every lane ever used; with plans pinned
+-- to those indexes (runlane.lanes_needing_dispatch, migration 0023).
+SELECT lane_id FROM runlane.lanes_needing_dispatch(%(limit)s);
 
 -- name: expired_interrupts
-SELECT id, lane_id FROM runlane.runs
-WHERE status = 'interrupted' AND interrupt_expires_at < now()
-ORDER BY interrupt_expires_at
-LIMIT %(limit)s;
+-- Interrupted runs past their expiry, oldest first (runlane.expired_interrupts,
+-- migration 0023: plans pinned to runs_interrupt_expiry_idx).
+SELECT id, lane_id FROM runlane.expired_interrupts(%(limit)s);
 
 -- name: expire_interrupt
 -- The caller holds the run's lane lock (if it has a lane). The expiry test
