@@ -686,17 +686,25 @@ def add_busy_lanes(sql: Conn, n: int) -> None:
 
 
 @pytest.fixture
-async def api_connection(
-    db_url: str, settings: Settings
-) -> AsyncIterator[tuple[AsyncConnectionPool[Any], LaneService]]:
-    """One pool connection, as a long-lived API connection's, and a lane
-    service over it."""
+async def one_connection_pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A pool of one connection, as a long-lived worker's or API's: its
+    statements run often enough there to keep plans."""
     pool = create_pool(db_url, min_size=1, max_size=1, check=False)
     await pool.open()
     try:
-        yield pool, LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
+        yield pool
     finally:
         await pool.close()
+
+
+@pytest.fixture
+def api_connection(
+    one_connection_pool: AsyncConnectionPool[Any], settings: Settings
+) -> tuple[AsyncConnectionPool[Any], LaneService]:
+    """One pool connection, as a long-lived API connection's, and a lane
+    service over it."""
+    pool = one_connection_pool
+    return pool, LaneService(LaneStore(pool), RunService(RunStore(pool), settings))
 
 
 async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
@@ -758,7 +766,7 @@ async def test_a_long_lived_api_connections_request_reads_keep_index_plans(
 
 
 async def test_a_long_lived_worker_connections_recovery_pass_keeps_index_plans(
-    db_url: str, sql: Conn
+    one_connection_pool: AsyncConnectionPool[Any], sql: Conn
 ) -> None:
     # Every worker runs the lane recovery pass every reaper interval on a
     # connection of its pool. Its scans are prepared there while the lane
@@ -767,45 +775,41 @@ async def test_a_long_lived_worker_connections_recovery_pass_keeps_index_plans(
     # a crash left with a request queued and no run. A pass must find those
     # three and dispatch them without reading the history (3,030 rows read
     # here before migration 0023, 33 after).
-    pool = create_pool(db_url, min_size=1, max_size=1, check=False)
-    await pool.open()
-    try:
-        store = LaneStore(pool)
-        sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
-        for _ in range(7):
-            assert await store.recover() == RecoveryResult(dispatched=0, interrupts_expired=0)
-        sql.execute(
-            "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
-            " SELECT 't', 'u', 'a', 'old-' || g FROM generate_series(1, 3003) AS g"
-        )
-        sql.execute(
-            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
-            " max_attempts, request_order, dispatched_at)"
-            " SELECT 'r-' || l.id || '-' || g, 't', l.id, 'enqueue', 'dispatched', '{}', 3, g,"
-            " now() FROM runlane.lanes AS l, generate_series(1, 4) AS g"
-        )
-        sql.execute(
-            "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
-            " lane_id, thread_id)"
-            " SELECT 't', 'a', '{}', 3, 'completed', now(), l.id, l.thread_id"
-            " FROM runlane.lanes AS l, generate_series(1, 4)"
-        )
-        stranded = [
-            row[0]
-            for row in sql.execute(
-                "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status,"
-                " input, max_attempts, request_order)"
-                " SELECT 'q-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 10"
-                " FROM runlane.lanes AS l WHERE l.thread_id IN ('old-1', 'old-2', 'old-3')"
-                " RETURNING lane_id"
-            ).fetchall()
-        ]
-        tables = ("lanes", "requests", "runs")
-        before = await pool_rows_read(pool, tables)
-        assert await store.recover() == RecoveryResult(dispatched=3, interrupts_expired=0)
-        assert await pool_rows_read(pool, tables) - before < 200
-    finally:
-        await pool.close()
+    pool = one_connection_pool
+    store = LaneStore(pool)
+    sql.execute("ANALYZE runlane.lanes, runlane.requests, runlane.runs")
+    for _ in range(7):
+        assert await store.recover() == RecoveryResult(dispatched=0, interrupts_expired=0)
+    sql.execute(
+        "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+        " SELECT 't', 'u', 'a', 'old-' || g FROM generate_series(1, 3003) AS g"
+    )
+    sql.execute(
+        "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status, input,"
+        " max_attempts, request_order, dispatched_at)"
+        " SELECT 'r-' || l.id || '-' || g, 't', l.id, 'enqueue', 'dispatched', '{}', 3, g,"
+        " now() FROM runlane.lanes AS l, generate_series(1, 4) AS g"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+        " lane_id, thread_id)"
+        " SELECT 't', 'a', '{}', 3, 'completed', now(), l.id, l.thread_id"
+        " FROM runlane.lanes AS l, generate_series(1, 4)"
+    )
+    stranded = [
+        row[0]
+        for row in sql.execute(
+            "INSERT INTO runlane.requests (request_id, tenant, lane_id, policy, status,"
+            " input, max_attempts, request_order)"
+            " SELECT 'q-' || l.id, 't', l.id, 'enqueue', 'queued', '{}', 3, 10"
+            " FROM runlane.lanes AS l WHERE l.thread_id IN ('old-1', 'old-2', 'old-3')"
+            " RETURNING lane_id"
+        ).fetchall()
+    ]
+    tables = ("lanes", "requests", "runs")
+    before = await pool_rows_read(pool, tables)
+    assert await store.recover() == RecoveryResult(dispatched=3, interrupts_expired=0)
+    assert await pool_rows_read(pool, tables) - before < 200
     active = sql.execute(
         "SELECT lane_id FROM runlane.runs WHERE status = 'pending' ORDER BY lane_id"
     ).fetchall()
