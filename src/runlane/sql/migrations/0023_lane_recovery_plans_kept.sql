@@ -10,7 +10,9 @@
 -- dispatch read every request and every run three times over (80,003 rows
 -- per pass; another kept plan read every lane instead), and finding
 -- expired interrupts read every run (20,000), every ten seconds, growing
--- with the history (tests/integration/test_query_plans.py).
+-- with the history (measured with a script; the test in
+-- tests/integration/test_query_plans.py reads 3,030 rows for one pass
+-- beside 3,000 lanes without this migration, 33 with it).
 --
 -- Here each scan runs inside a function whose plan is kept for the session
 -- (force_generic_plan) with the plan shapes that read a table whole turned
