@@ -395,32 +395,19 @@ RETURNING q.id;
 
 -- name: queue_gauges
 -- Pending and running runs by agent and tenant, read from the partial
--- indexes of live rows only: cost grows with the backlog, never with history.
--- Written as an OR of the two index predicates: a single IN list of the
--- three statuses matches neither index, and PostgreSQL read the whole table.
-SELECT status, agent, tenant, count(*) AS count,
-       extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'pending'))
-           AS oldest_pending_seconds
-FROM runlane.runs
-WHERE (status = 'pending' OR status IN ('running', 'cancel_requested'))
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-GROUP BY status, agent, tenant
-ORDER BY status, agent, tenant;
+-- indexes of live rows only: cost grows with the backlog, never with
+-- history (runlane.queue_gauges, migration 0024: plans pinned to those
+-- indexes).
+SELECT * FROM runlane.queue_gauges(%(tenant)s);
 
 -- name: dead_count
 SELECT count(*) AS count FROM runlane.runs
 WHERE status = 'dead' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s);
 
 -- name: waiting_lanes
-SELECT l.tenant, l.user_id, l.agent, l.thread_id, l.paused_reason, l.paused_run_id,
-       l.interrupted_run_id,
-       (SELECT count(*) FROM runlane.requests AS q
-        WHERE q.lane_id = l.id AND q.status = 'queued') AS queued
-FROM runlane.lanes AS l
-WHERE (l.paused_run_id IS NOT NULL OR l.interrupted_run_id IS NOT NULL)
-  AND (%(tenant)s::text IS NULL OR l.tenant = %(tenant)s)
-ORDER BY l.updated_at
-LIMIT %(limit)s;
+-- Paused or interrupted lanes, with their queued requests, oldest change
+-- first (runlane.waiting_lanes, migration 0024: lanes_waiting_idx).
+SELECT * FROM runlane.waiting_lanes(%(tenant)s, %(limit)s);
 
 -- name: list_events
 SELECT run_id, seq, kind, data, attempt, created_at FROM runlane.run_events
