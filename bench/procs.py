@@ -87,6 +87,7 @@ async def serve(args: argparse.Namespace) -> None:
         app,
         args.url,
         concurrency=args.concurrency,
+        batch_size=args.batch_size,
         settings=settings,
         listen=not args.no_listen,
     )
@@ -107,6 +108,9 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--mode", default="noop")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="runs per claim (default: the concurrency)"
+    )
     parser.add_argument("--lease", type=float, default=45.0)
     parser.add_argument("--heartbeat", type=float, default=None)
     parser.add_argument("--poll", type=float, default=1.0)

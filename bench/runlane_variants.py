@@ -12,6 +12,10 @@ change the benchmark database or the worker's settings, never src/.
   one candidate list instead of two.
 - (``runlane-free-slot-early``, an experiment of 2026-11-30 that freed a
   slot when the handler returned, is gone: the worker does that now.)
+- ``runlane-batch-half``, ``runlane-batch-quarter``: the worker claims
+  at most half (a quarter) of its concurrency per claim instead of all of
+  it, so that handlers of one batch run while the next claim is on its
+  way (a pipeline, at the price of more claims and outcome batches).
 - ``runlane-capped-claim``: a tenant cap on a tenant that has no runs,
   so that every claim takes ``runlane.claim_capped_runs`` (the claim of
   migration 0006: four statements planned on each call) instead of
@@ -53,6 +57,7 @@ class Variant:
         sql: str | None = None,
         env: dict[str, str] | None = None,
         src_env: str | None = None,
+        batch_divisor: int = 1,
     ):
         self.NAME = name
         self.QUEUE_TABLE = runlane_system.QUEUE_TABLE
@@ -61,6 +66,9 @@ class Variant:
         # The name of an environment variable holding another checkout's
         # src/ whose runlane the worker imports (a before/after comparison).
         self._src_env = src_env
+        # Runs per claim: the concurrency divided by this (the worker's
+        # default claims as many as its concurrency).
+        self._batch_divisor = batch_divisor
 
     @property
     def _src(self) -> str | None:
@@ -90,6 +98,9 @@ class Variant:
         return runlane_system.window(url)
 
     def spawn_worker(self, url: str, concurrency: int, **kwargs: Any) -> Proc:
+        if self._batch_divisor != 1:
+            batch = max(1, concurrency // self._batch_divisor)
+            kwargs["extra"] = [*kwargs.get("extra", ()), "--batch-size", str(batch)]
         return runlane_system.spawn_worker(url, concurrency, env=self._env, src=self._src, **kwargs)
 
 
@@ -114,6 +125,8 @@ VARIANTS = {
         sql="ALTER TABLE runlane.runs DISABLE TRIGGER runs_notify_status",
     ),
     "runlane-no-aging": Variant("runlane-no-aging", env={"RUNLANE_PRIORITY_AGING_SECONDS": "0"}),
+    "runlane-batch-half": Variant("runlane-batch-half", batch_divisor=2),
+    "runlane-batch-quarter": Variant("runlane-batch-quarter", batch_divisor=4),
     "runlane-capped-claim": Variant(
         "runlane-capped-claim",
         sql="INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('nobody', 1)",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import api, intake_latency, throughput
+from bench import api, claim_cost, intake_latency, throughput
 from bench.common import ROOT, median, percentile
 
 
@@ -76,3 +76,20 @@ def test_api_smoke(load_generator: str, bench_env: str, tmp_path: Path) -> None:
     (submits,) = data["submits"]
     assert submits["errors"] == 0
     assert (tmp_path / "api_sync_off.json").exists()
+
+
+def test_throughput_variant_with_smaller_claims_smoke(bench_env: str, tmp_path: Path) -> None:
+    # The variant passes --batch-size to bench.procs: a worker that did
+    # not accept it would never say ready, and the trial would fail.
+    names = ["runlane", "runlane-batch-quarter"]
+    data = throughput.run("tiny", 1, names=names, pgbench=False, out_dir=tmp_path)
+    assert {t["system"] for t in data["trials"]} == set(names)
+    for trial in data["trials"]:
+        assert trial["jobs_per_s"] > 0
+
+
+def test_claim_cost_smoke(bench_env: str, tmp_path: Path) -> None:
+    summary = claim_cost.run([1, 3], 6, 1, out_dir=tmp_path)
+    assert summary["medians_us"]["pair_1"] > 0
+    assert summary["medians_us"]["select_1"] > 0
+    assert (tmp_path / "claim_cost_sync_off.json").exists()

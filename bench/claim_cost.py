@@ -1,0 +1,139 @@
+"""PostgreSQL's CPU per claim and finish, by batch size: what a batch
+costs whatever its size, and what each run in it adds.
+
+    python -m bench.claim_cost [--batches 1,10,50,200] [--runs-per-size 4000]
+                               [--rounds 3] [--tag _s10]
+
+One connection (the worker's ``RunStore``, its prepared statements) claims
+``k`` runs and finishes them (``completed``), over and over, on a queue of
+pending no-op runs; the CPU its backend spent (``/proc``) is divided by the
+claim-and-finish pairs. A straight line through the sizes gives the fixed
+cost of a pair (its intercept) and the cost per run (its slope). Then,
+as yardsticks on the same connection: ``SELECT 1`` (a round trip) and
+a one-row INSERT with its commit. The database's ``synchronous_commit``
+is the benchmark's (``RUNLANE_BENCH_SYNCHRONOUS_COMMIT``, default on).
+Results: ``bench/results/claim_cost{tag}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bench import runlane_system
+from bench.common import bench_database, print_table, process_cpu_seconds, write_results
+
+
+async def backend_cpu_us(pid: int, call: Callable[[], Awaitable[Any]], times: int) -> float:
+    """Microseconds of the backend's CPU per call, after five calls to warm up."""
+    for _ in range(5):
+        await call()
+    before = process_cpu_seconds(pid)
+    for _ in range(times):
+        await call()
+    return (process_cpu_seconds(pid) - before) / times * 1e6
+
+
+async def measure(url: str, batches: list[int], runs_per_size: int) -> dict[str, float]:
+    from runlane.database import create_pool
+    from runlane.models import Outcome
+    from runlane.store import Finish, RunStore
+
+    pool = create_pool(url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    try:
+        store = RunStore(pool)
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+            row = await cur.fetchone()
+            assert row is not None
+            pid = int(row["pid"])
+            await conn.execute("CREATE TABLE IF NOT EXISTS bench_one_row (x int)")
+        result: dict[str, float] = {}
+        for k in batches:
+            runlane_system.reset(url)
+            pairs = max(20, runs_per_size // k)
+            runlane_system.enqueue(url, (pairs + 5) * k)
+
+            async def claim_and_finish(k: int = k) -> None:
+                claimed = await store.claim_batch(
+                    worker_id="claim-cost", limit=k, lease_seconds=60, aging_seconds=60
+                )
+                assert len(claimed) == k, "the queue ran out"
+                await store.finish_attempts_status(
+                    [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in claimed]
+                )
+
+            result[f"pair_{k}"] = await backend_cpu_us(pid, claim_and_finish, pairs)
+
+        async def select_one() -> None:
+            async with pool.connection() as conn:
+                await conn.execute("SELECT 1", prepare=True)
+
+        async def insert_one_row() -> None:
+            async with pool.connection() as conn:
+                await conn.execute("INSERT INTO bench_one_row VALUES (1)", prepare=True)
+
+        result["select_1"] = await backend_cpu_us(pid, select_one, 2000)
+        result["insert_one_row"] = await backend_cpu_us(pid, insert_one_row, 2000)
+        return result
+    finally:
+        await pool.close()
+
+
+def fit(batches: list[int], us: list[float]) -> tuple[float, float]:
+    """(fixed µs per pair, µs per run): least squares through (k, µs)."""
+    if len(batches) < 2:
+        return us[0], 0.0
+    slope, intercept = statistics.linear_regression(batches, us)
+    return intercept, slope
+
+
+def run(
+    batches: list[int], runs_per_size: int, rounds: int, *, tag: str = "", out_dir: Any = None
+) -> dict[str, Any]:
+    trials: list[dict[str, float]] = []
+    with bench_database("claim_cost") as url:
+        runlane_system.setup(url)
+        for i in range(rounds):
+            trial = asyncio.run(measure(url, batches, runs_per_size))
+            trials.append(trial)
+            print(f"round {i}: " + ", ".join(f"{k} {v:.0f} µs" for k, v in trial.items()))
+    medians = {key: statistics.median(t[key] for t in trials) for key in trials[0]}
+    pair_us = [medians[f"pair_{k}"] for k in batches]
+    fixed, per_run = fit(batches, pair_us)
+    rows = [[k, f"{us:.0f}", f"{us / k:.1f}"] for k, us in zip(batches, pair_us, strict=True)]
+    print_table(["runs per claim", "µs per claim + finish", "µs per run"], rows)
+    print(
+        f"fit: {fixed:.0f} µs per claim + finish whatever its size, {per_run:.1f} µs per run;"
+        f" SELECT 1 {medians['select_1']:.0f} µs, one-row INSERT {medians['insert_one_row']:.0f} µs"
+    )
+    summary = {
+        "medians_us": medians,
+        "fixed_us_per_pair": fixed,
+        "us_per_run": per_run,
+    }
+    write_results(
+        f"claim_cost{tag}",
+        {"batches": batches, "runs_per_size": runs_per_size, "trials": trials, "summary": summary},
+        out_dir=out_dir,
+    )
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.claim_cost")
+    parser.add_argument("--batches", default="1,10,50,200", help="runs per claim, comma-separated")
+    parser.add_argument("--runs-per-size", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    run(batches, args.runs_per_size, args.rounds, tag=args.tag)
+
+
+if __name__ == "__main__":
+    main()
