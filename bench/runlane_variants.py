@@ -16,6 +16,11 @@ change the benchmark database or the worker's settings, never src/.
   at most half (a quarter) of its concurrency per claim instead of all of
   it, so that handlers of one batch run while the next claim is on its
   way (a pipeline, at the price of more claims and outcome batches).
+- ``runlane-prefetch``: the worker holds up to twice its concurrency
+  (claims of the concurrency's size) while no more handlers than the
+  concurrency run at once, the others waiting at a gate with their
+  leases held (``bench.procs --prefetch``): the next claim is on its way
+  while a batch runs.
 - ``runlane-capped-claim``: a tenant cap on a tenant that has no runs,
   so that every claim takes ``runlane.claim_capped_runs`` (the claim of
   migration 0006: four statements planned on each call) instead of
@@ -58,6 +63,7 @@ class Variant:
         env: dict[str, str] | None = None,
         src_env: str | None = None,
         batch_divisor: int = 1,
+        worker_args: tuple[str, ...] = (),
     ):
         self.NAME = name
         self.QUEUE_TABLE = runlane_system.QUEUE_TABLE
@@ -69,6 +75,7 @@ class Variant:
         # Runs per claim: the concurrency divided by this (the worker's
         # default claims as many as its concurrency).
         self._batch_divisor = batch_divisor
+        self._worker_args = worker_args
 
     @property
     def _src(self) -> str | None:
@@ -98,9 +105,10 @@ class Variant:
         return runlane_system.window(url)
 
     def spawn_worker(self, url: str, concurrency: int, **kwargs: Any) -> Proc:
+        extra = [*kwargs.get("extra", ()), *self._worker_args]
         if self._batch_divisor != 1:
-            batch = max(1, concurrency // self._batch_divisor)
-            kwargs["extra"] = [*kwargs.get("extra", ()), "--batch-size", str(batch)]
+            extra += ["--batch-size", str(max(1, concurrency // self._batch_divisor))]
+        kwargs["extra"] = extra
         return runlane_system.spawn_worker(url, concurrency, env=self._env, src=self._src, **kwargs)
 
 
@@ -127,6 +135,7 @@ VARIANTS = {
     "runlane-no-aging": Variant("runlane-no-aging", env={"RUNLANE_PRIORITY_AGING_SECONDS": "0"}),
     "runlane-batch-half": Variant("runlane-batch-half", batch_divisor=2),
     "runlane-batch-quarter": Variant("runlane-batch-quarter", batch_divisor=4),
+    "runlane-prefetch": Variant("runlane-prefetch", worker_args=("--prefetch",)),
     "runlane-capped-claim": Variant(
         "runlane-capped-claim",
         sql="INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('nobody', 1)",

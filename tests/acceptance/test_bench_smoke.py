@@ -78,10 +78,11 @@ def test_api_smoke(load_generator: str, bench_env: str, tmp_path: Path) -> None:
     assert (tmp_path / "api_sync_off.json").exists()
 
 
-def test_throughput_variant_with_smaller_claims_smoke(bench_env: str, tmp_path: Path) -> None:
-    # The variant passes --batch-size to bench.procs: a worker that did
-    # not accept it would never say ready, and the trial would fail.
-    names = ["runlane", "runlane-batch-quarter"]
+def test_throughput_variants_with_other_claim_sizes_smoke(bench_env: str, tmp_path: Path) -> None:
+    # The variants pass --batch-size and --prefetch to bench.procs: a
+    # worker that did not accept them would never say ready, and the trial
+    # would fail.
+    names = ["runlane", "runlane-batch-quarter", "runlane-prefetch"]
     data = throughput.run("tiny", 1, names=names, pgbench=False, out_dir=tmp_path)
     assert {t["system"] for t in data["trials"]} == set(names)
     for trial in data["trials"]:
