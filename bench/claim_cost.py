@@ -2,7 +2,7 @@
 costs whatever its size, and what each run in it adds.
 
     python -m bench.claim_cost [--batches 1,10,50,200] [--runs-per-size 4000]
-                               [--rounds 3] [--tag _s10]
+                               [--rounds 3] [--peers pgqueuer] [--tag _s10]
 
 One connection (the worker's ``RunStore``, its prepared statements) claims
 ``k`` runs and finishes them (``completed``), over and over, on a queue of
@@ -10,9 +10,12 @@ pending no-op runs; the CPU its backend spent (``/proc``) is divided by the
 claim-and-finish pairs. A straight line through the sizes gives the fixed
 cost of a pair (its intercept) and the cost per run (its slope). Then,
 as yardsticks on the same connection: ``SELECT 1`` (a round trip) and
-a one-row INSERT with its commit. The database's ``synchronous_commit``
-is the benchmark's (``RUNLANE_BENCH_SYNCHRONOUS_COMMIT``, default on).
-Results: ``bench/results/claim_cost{tag}.json``.
+a one-row INSERT with its commit. With ``--peers pgqueuer`` the same
+for PGQueuer on a database of its own: its dequeue of ``k`` jobs and
+their move to its log (``Queries.dequeue``, ``Queries.log_jobs``: what its
+QueueManager sends). The database's ``synchronous_commit`` is the
+benchmark's (``RUNLANE_BENCH_SYNCHRONOUS_COMMIT``, default on). Results:
+``bench/results/claim_cost{tag}.json``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
+import psycopg
+
 from bench import runlane_system
-from bench.common import bench_database, print_table, process_cpu_seconds, write_results
+from bench.common import AGENT, bench_database, print_table, process_cpu_seconds, write_results
+from bench.peers import pgqueuer_adapter
 
 
 async def backend_cpu_us(pid: int, call: Callable[[], Awaitable[Any]], times: int) -> float:
@@ -84,6 +92,41 @@ async def measure(url: str, batches: list[int], runs_per_size: int) -> dict[str,
         await pool.close()
 
 
+async def measure_pgqueuer(url: str, batches: list[int], runs_per_size: int) -> dict[str, float]:
+    from pgqueuer.ports.repository import EntrypointExecutionParameter
+
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    try:
+        queries = await pgqueuer_adapter._queries(conn)
+        row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert row is not None
+        pid = int(row[0])
+        entrypoints = {AGENT: EntrypointExecutionParameter(concurrency_limit=0)}
+        manager_id = uuid.uuid4()
+        result: dict[str, float] = {}
+        for k in batches:
+            pgqueuer_adapter.reset(url)
+            pairs = max(20, runs_per_size // k)
+            await pgqueuer_adapter._enqueue(url, (pairs + 5) * k)
+            await conn.execute("ANALYZE pgqueuer")
+
+            async def dequeue_and_log(k: int = k) -> None:
+                jobs = await queries.dequeue(
+                    batch_size=k,
+                    entrypoints=entrypoints,
+                    queue_manager_id=manager_id,
+                    global_concurrency_limit=None,
+                    heartbeat_timeout=timedelta(seconds=30),
+                )
+                assert len(jobs) == k, "the queue ran out"
+                await queries.log_jobs([(job, "successful", None) for job in jobs])
+
+            result[f"pair_{k}"] = await backend_cpu_us(pid, dequeue_and_log, pairs)
+        return result
+    finally:
+        await conn.close()
+
+
 def fit(batches: list[int], us: list[float]) -> tuple[float, float]:
     """(fixed µs per pair, µs per run): least squares through (k, µs)."""
     if len(batches) < 2:
@@ -92,33 +135,83 @@ def fit(batches: list[int], us: list[float]) -> tuple[float, float]:
     return intercept, slope
 
 
+def print_round(label: str, trial: dict[str, float]) -> None:
+    print(f"{label}: " + ", ".join(f"{key} {us:.0f} µs" for key, us in trial.items()), flush=True)
+
+
 def run(
-    batches: list[int], runs_per_size: int, rounds: int, *, tag: str = "", out_dir: Any = None
+    batches: list[int],
+    runs_per_size: int,
+    rounds: int,
+    *,
+    peers: list[str] | None = None,
+    tag: str = "",
+    out_dir: Any = None,
 ) -> dict[str, Any]:
     trials: list[dict[str, float]] = []
+    peer_trials: list[dict[str, float]] = []
+    with_pgqueuer = "pgqueuer" in (peers or [])
+    if with_pgqueuer and (why := pgqueuer_adapter.available()):
+        print(f"pgqueuer skipped: {why}")
+        with_pgqueuer = False
     with bench_database("claim_cost") as url:
         runlane_system.setup(url)
         for i in range(rounds):
             trial = asyncio.run(measure(url, batches, runs_per_size))
             trials.append(trial)
-            print(f"round {i}: " + ", ".join(f"{k} {v:.0f} µs" for k, v in trial.items()))
+            print_round(f"round {i}", trial)
+    if with_pgqueuer:
+        with bench_database("claim_cost_pgqueuer", runlane_schema=False) as url:
+            pgqueuer_adapter.setup(url)
+            for i in range(rounds):
+                trial = asyncio.run(measure_pgqueuer(url, batches, runs_per_size))
+                peer_trials.append(trial)
+                print(
+                    f"round {i} pgqueuer: " + ", ".join(f"{k} {v:.0f} µs" for k, v in trial.items())
+                )
     medians = {key: statistics.median(t[key] for t in trials) for key in trials[0]}
     pair_us = [medians[f"pair_{k}"] for k in batches]
     fixed, per_run = fit(batches, pair_us)
-    rows = [[k, f"{us:.0f}", f"{us / k:.1f}"] for k, us in zip(batches, pair_us, strict=True)]
-    print_table(["runs per claim", "µs per claim + finish", "µs per run"], rows)
-    print(
-        f"fit: {fixed:.0f} µs per claim + finish whatever its size, {per_run:.1f} µs per run;"
-        f" SELECT 1 {medians['select_1']:.0f} µs, one-row INSERT {medians['insert_one_row']:.0f} µs"
-    )
-    summary = {
+    summary: dict[str, Any] = {
         "medians_us": medians,
         "fixed_us_per_pair": fixed,
         "us_per_run": per_run,
     }
+    headers = ["runs per claim", "µs per claim + finish", "µs per run"]
+    rows: list[list[Any]] = [
+        [k, f"{us:.0f}", f"{us / k:.1f}"] for k, us in zip(batches, pair_us, strict=True)
+    ]
+    if peer_trials:
+        peer_us = [statistics.median(t[f"pair_{k}"] for t in peer_trials) for k in batches]
+        peer_fixed, peer_per_run = fit(batches, peer_us)
+        summary["pgqueuer"] = {
+            "medians_us": dict(zip([f"pair_{k}" for k in batches], peer_us, strict=True)),
+            "fixed_us_per_pair": peer_fixed,
+            "us_per_run": peer_per_run,
+        }
+        headers += ["PGQueuer: µs per dequeue + log", "µs per job"]
+        for row, us, k in zip(rows, peer_us, batches, strict=True):
+            row += [f"{us:.0f}", f"{us / k:.1f}"]
+    print_table(headers, rows)
+    print(
+        f"fit: {fixed:.0f} µs per claim + finish whatever its size, {per_run:.1f} µs per run;"
+        f" SELECT 1 {medians['select_1']:.0f} µs, one-row INSERT {medians['insert_one_row']:.0f} µs"
+    )
+    if peer_trials:
+        peer = summary["pgqueuer"]
+        print(
+            f"PGQueuer: {peer['fixed_us_per_pair']:.0f} µs per dequeue + log whatever its size,"
+            f" {peer['us_per_run']:.1f} µs per job"
+        )
     write_results(
         f"claim_cost{tag}",
-        {"batches": batches, "runs_per_size": runs_per_size, "trials": trials, "summary": summary},
+        {
+            "batches": batches,
+            "runs_per_size": runs_per_size,
+            "trials": trials,
+            "pgqueuer_trials": peer_trials,
+            "summary": summary,
+        },
         out_dir=out_dir,
     )
     return summary
@@ -129,10 +222,12 @@ def main() -> None:
     parser.add_argument("--batches", default="1,10,50,200", help="runs per claim, comma-separated")
     parser.add_argument("--runs-per-size", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peers", default="", help="comma-separated: pgqueuer")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    run(batches, args.runs_per_size, args.rounds, tag=args.tag)
+    peers = [p for p in args.peers.split(",") if p]
+    run(batches, args.runs_per_size, args.rounds, peers=peers, tag=args.tag)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ skipped otherwise. The pgbench part runs when pgbench is on the PATH.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -90,7 +91,12 @@ def test_throughput_variants_with_other_claim_sizes_smoke(bench_env: str, tmp_pa
 
 
 def test_claim_cost_smoke(bench_env: str, tmp_path: Path) -> None:
-    summary = claim_cost.run([1, 3], 6, 1, out_dir=tmp_path)
-    assert summary["medians_us"]["pair_1"] > 0
-    assert summary["medians_us"]["select_1"] > 0
-    assert (tmp_path / "claim_cost_sync_off.json").exists()
+    # At this size the CPU read from /proc (10 ms ticks) may round to 0:
+    # what is checked is that every measurement ran and was stored.
+    summary = claim_cost.run([1, 3], 6, 1, peers=["pgqueuer"], out_dir=tmp_path)
+    assert set(summary["medians_us"]) == {"pair_1", "pair_3", "select_1", "insert_one_row"}
+    stored = json.loads((tmp_path / "claim_cost_sync_off.json").read_text())
+    assert len(stored["trials"]) == 1
+    if importlib.util.find_spec("pgqueuer") is not None:
+        assert set(summary["pgqueuer"]["medians_us"]) == {"pair_1", "pair_3"}
+        assert len(stored["pgqueuer_trials"]) == 1
