@@ -7,13 +7,14 @@ Every method is one statement (or one short transaction) from
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.rows import DictRow
+from psycopg.rows import DictRow, RowMaker
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -289,7 +290,12 @@ class RunStore:
         spec = ClaimSpec(worker_id, limit, lease_seconds, agents, aging_seconds)
         if agents is not None and not agents:
             return []
-        return _claimed_runs(await self._fetch_all("claim_batch", spec.params()))
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=_claimed_run_row)
+            await cur.execute(
+                self._sql["claim_batch"], spec.params(), prepare=_prepare("claim_batch")
+            )
+            return await cur.fetchall()
 
     async def set_tenant_limit(self, tenant: str, max_running: int | None) -> None:
         """Caps a tenant's running runs; None removes the cap."""
@@ -454,7 +460,7 @@ class RunStore:
             return {}, []
         params = self._finish_params(finishes)
         lane_ids = sorted({f.lane_id for f in finishes if f.lane_id is not None})
-        claim_rows: list[DictRow] = []
+        claimed: list[ClaimedRun] = []
         if claim is not None and claim.agents is not None and not claim.agents:
             claim = None  # serving no agent: nothing to claim
         async with self.pool.connection() as conn:
@@ -468,16 +474,19 @@ class RunStore:
                         if lane_ids:
                             await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
                         cur = await conn.execute(finish, params)
-                        claim_cur = (
-                            await conn.execute(self._sql["claim_batch"], claim.params())
-                            if claim is not None
-                            else None
-                        )
+                        claim_cur = None
+                        if claim is not None:
+                            claim_cur = conn.cursor(row_factory=_claimed_run_row)
+                            await claim_cur.execute(
+                                self._sql["claim_batch"],
+                                claim.params(),
+                                prepare=_prepare("claim_batch"),
+                            )
                     rows = await cur.fetchall()
                     if claim_cur is not None:
-                        claim_rows = await claim_cur.fetchall()
+                        claimed = await claim_cur.fetchall()
         statuses = {row["id"]: RunStatus(row["status"]) for row in rows}
-        return statuses, _claimed_runs(claim_rows)
+        return statuses, claimed
 
     async def finish_attempts(
         self, finishes: Sequence[Finish], *, lane_id: int | None = None
@@ -599,12 +608,29 @@ class RunStore:
             return reaped
 
 
-def _claimed_runs(rows: Sequence[DictRow]) -> list[ClaimedRun]:
-    return [
-        ClaimedRun(
-            run=Run.from_row(row),
-            lease_token=row["lease_token"],
-            deadline_in_seconds=row["deadline_in_seconds"],
-        )
-        for row in rows
-    ]
+# The columns a claim answers for each Run field, in the fields' order
+# (client_request_id, a joined column, is not among them: None).
+_RUN_COLUMNS = [field.name for field in fields(Run) if field.name != "client_request_id"]
+
+
+def _claimed_run_row(cursor: Any) -> RowMaker[ClaimedRun]:
+    """A row factory that builds each claimed run straight from the claim's
+    row tuple. A worker builds one per run it claims: through a dict row
+    and ``Run.from_row`` that took ~16 us of the ~85 us of worker CPU a
+    no-op run costs; the column positions are looked up once per result
+    instead of once per value. (``cursor`` is psycopg's BaseCursor, which
+    psycopg 3.2 keeps in a private module.)"""
+    description = cursor.description
+    if description is None:
+        raise TypeError("the claim answered no rows")
+    position = {column.name: index for index, column in enumerate(description)}
+    run_values = itemgetter(*(position[name] for name in _RUN_COLUMNS))
+    token_at = position["lease_token"]
+    deadline_at = position["deadline_in_seconds"]
+
+    def claimed_run(values: Sequence[Any]) -> ClaimedRun:
+        run = Run(*run_values(values))
+        run.status = RunStatus(run.status)
+        return ClaimedRun(run, values[token_at], values[deadline_at])
+
+    return claimed_run
