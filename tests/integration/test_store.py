@@ -4,6 +4,7 @@ cancel, reap, re-queue; every fenced write refused for a stale token."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -13,7 +14,7 @@ from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge
 from runlane.models import ClaimedRun, LeaseState, Outcome, RunStatus
 from runlane.reaper import Reaper
 from runlane.service import RunService
-from runlane.store import REAPER_LOCK_KEY, RunStore
+from runlane.store import REAPER_LOCK_KEY, ClaimSpec, Finish, RunStore
 from tests.support import wait_until
 
 Conn = psycopg.Connection[Any]
@@ -218,6 +219,41 @@ async def test_claim_counts_an_attempt_and_writes_an_attempt_row(
         (run.id,),
     ).fetchone()
     assert lease_left is not None and 25 < float(lease_left[0]) <= 30
+
+
+async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store: RunStore) -> None:
+    # Claims build their runs from the row's positions (the worker's hot
+    # path), reads by column name: both must give the same run, field for
+    # field, whether claimed alone or along with a batch of outcomes.
+    first, _ = await service.submit(
+        "a",
+        {"q": 1},
+        priority=3,
+        max_attempts=4,
+        budget={"max_seconds": 60},
+        metadata={"team": "x"},
+        idempotency_key="k1",
+    )
+    second, _ = await service.submit("a", {"q": 2})
+    (claimed,) = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
+    assert claimed.run.id == first.id
+    assert claimed.run == await store.get_run(first.id)
+    assert claimed.run.status is RunStatus.RUNNING and claimed.run.priority == 3
+    assert claimed.run.metadata == {"team": "x"} and claimed.run.idempotency_key == "k1"
+    assert claimed.lease_token == claimed.run.lease_token is not None
+    assert claimed.deadline_in_seconds is not None and 50 < claimed.deadline_in_seconds <= 60
+
+    finish = Finish(first.id, claimed.lease_token, Outcome.COMPLETED, output={"ok": True})
+    spec = ClaimSpec(worker_id="w", limit=5, lease_seconds=30)
+    statuses, along = await store.finish_attempts_and_claim([finish], spec)
+    assert statuses == {first.id: RunStatus.COMPLETED}
+    assert [c.run.id for c in along] == [second.id]
+    assert along[0].run == await store.get_run(second.id)
+    # No budget given: the deadline is the run's stored one, seen from now.
+    deadline_at = along[0].run.deadline_at
+    assert deadline_at is not None and along[0].deadline_in_seconds is not None
+    left = (deadline_at - datetime.now(UTC)).total_seconds()
+    assert abs(along[0].deadline_in_seconds - left) < 5
 
 
 async def test_attempt_rows_belong_to_runs(service: RunService, store: RunStore, sql: Conn) -> None:
