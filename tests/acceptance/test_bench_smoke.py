@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import api, claim_cost, intake_latency, throughput
+from bench import api, claim_cost, intake_latency, throughput, worker_cpu
 from bench.common import ROOT, median, percentile
 
 
@@ -88,6 +88,14 @@ def test_throughput_variants_with_other_claim_sizes_smoke(bench_env: str, tmp_pa
     assert {t["system"] for t in data["trials"]} == set(names)
     for trial in data["trials"]:
         assert trial["jobs_per_s"] > 0
+
+
+def test_worker_cpu_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Both codes (here the same checkout twice) measured and stored.
+    data = worker_cpu.run(40, [5], 1, src=str(ROOT / "src"), out_dir=tmp_path)
+    assert [t["code"] for t in data["trials"]] == ["this checkout", "--src"]
+    assert all(t["runs_per_s"] > 0 for t in data["trials"])
+    assert (tmp_path / "worker_cpu_sync_off.json").exists()
 
 
 def test_claim_cost_smoke(bench_env: str, tmp_path: Path) -> None:

@@ -1,0 +1,171 @@
+"""The worker's own CPU per run: what one worker process spends in Python
+(claiming, decoding, running, batching outcomes) for each no-op run.
+
+    python -m bench.worker_cpu [--n 20000] [--concurrency 50,200] [--runs 3]
+                               [--src OTHER_CHECKOUT/src] [--tag _s11] [--out-dir DIR]
+
+Each measurement is a fresh process that starts a ``Worker`` (the
+``noop`` agent of bench.procs, NOTIFY on), enqueues ``--n`` runs in bulk,
+and reads its own CPU time (``time.process_time``) from the moment the
+runs are there until the last one is completed, waiting on a connection of
+its own. Unlike the throughput figure it splits off nothing by guess: the
+worker is the only thing in that process. With ``--src``, this checkout's
+worker and the other checkout's alternate, measurement by measurement, in
+the same database (a before/after in the same minutes). Results:
+``bench/results/worker_cpu{tag}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, bench_database, median, print_table, write_results
+
+
+async def burn_down(url: str, n: int, concurrency: int) -> dict[str, float]:
+    import psycopg
+
+    from bench.procs import build_app
+    from bench.runlane_system import enqueue, window
+    from runlane.settings import Settings
+    from runlane.worker import Worker
+
+    settings = Settings(
+        database_url=url,
+        lease_seconds=45.0,
+        heartbeat_seconds=15.0,
+        poll_seconds=1.0,
+        reaper_interval_seconds=10.0,
+        shutdown_grace_seconds=1.0,
+    )
+    worker = Worker(build_app("noop"), url, concurrency=concurrency, settings=settings)
+    await worker.start()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watch:
+        try:
+            if worker.listener is not None:
+                await asyncio.wait_for(worker.listener.connected.wait(), 30)
+            # Blocks the loop while it inserts: the worker starts on them after.
+            enqueue(url, n)
+            cpu_before = time.process_time()
+            while True:
+                cur = await watch.execute(
+                    "SELECT count(*) FROM runlane.runs WHERE status <> 'completed'"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            cpu = time.process_time() - cpu_before
+        finally:
+            await worker.stop(grace_seconds=1.0)
+    # The rate over the database's window (first claim to last finish): the
+    # worker finds the runs at its next poll, up to a second after the insert.
+    first, last = window(url)
+    return {"worker_cpu_us_per_run": cpu / n * 1e6, "runs_per_s": n / (last - first)}
+
+
+def one_measurement(url: str, n: int, concurrency: int, src: str) -> dict[str, float]:
+    from bench.runlane_system import reset
+
+    reset(url)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.worker_cpu",
+            "--serve",
+            url,
+            "--n",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{src}"},
+        check=True,
+        timeout=600,
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(
+    n: int,
+    concurrencies: list[int],
+    runs: int,
+    *,
+    src: str | None = None,
+    tag: str = "",
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
+    codes = {"this checkout": str(ROOT / "src")}
+    if src:
+        codes["--src"] = src
+    trials: list[dict[str, Any]] = []
+    with bench_database("worker_cpu") as url:
+        for rnd in range(runs):
+            for concurrency in concurrencies:
+                for code, path in codes.items():
+                    result = one_measurement(url, n, concurrency, path)
+                    trials.append(
+                        {"round": rnd, "code": code, "concurrency": concurrency, **result}
+                    )
+                    print(
+                        f"round {rnd} c={concurrency} {code}:"
+                        f" {result['worker_cpu_us_per_run']:.1f} us/run,"
+                        f" {result['runs_per_s']:.0f} runs/s",
+                        flush=True,
+                    )
+    rows = []
+    medians: dict[str, dict[str, float]] = {}
+    for concurrency in concurrencies:
+        for code in codes:
+            mine = [t for t in trials if t["code"] == code and t["concurrency"] == concurrency]
+            cpu = median([t["worker_cpu_us_per_run"] for t in mine])
+            rate = median([t["runs_per_s"] for t in mine])
+            medians[f"{code} c={concurrency}"] = {"worker_cpu_us_per_run": cpu, "runs_per_s": rate}
+            rows.append([code, concurrency, cpu, rate])
+    table = print_table(["code", "concurrency", "worker CPU us/run", "runs/s"], rows)
+    data = {
+        "n": n,
+        "concurrency": concurrencies,
+        "runs": runs,
+        "src": src,
+        "trials": trials,
+        "medians": medians,
+        "table": table,
+    }
+    write_results(f"worker_cpu{tag}", data, out_dir=out_dir)
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.worker_cpu")
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--concurrency", default="50,200", help="comma-separated")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--src", default=None, help="another checkout's src/, alternating")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out-dir", type=Path, default=None, help="default bench/results")
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if args.serve:
+        result = asyncio.run(burn_down(args.serve, args.n, concurrencies[0]))
+        print(json.dumps(result), flush=True)
+        return
+    run(args.n, concurrencies, args.runs, src=args.src, tag=args.tag, out_dir=args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
