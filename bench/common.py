@@ -247,6 +247,23 @@ def spawn(
     return Proc(popen, name or module)
 
 
+def run_for_json(module: str, args: Sequence[str], *, src: str, timeout: float = 600) -> Any:
+    """Runs ``python -m module args...`` to its end with ``src`` (a
+    checkout's ``src``) imported as runlane, and returns the JSON value
+    that its last line of output prints (a measurement of one checkout,
+    for before/after comparisons in alternate rounds)."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{src}"},
+        check=True,
+        timeout=timeout,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @contextlib.contextmanager
 def running(procs: list[Proc]) -> Iterator[list[Proc]]:
     try:

@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +29,7 @@ from bench.common import (
     latency_summary,
     median,
     print_table,
+    run_for_json,
     write_results,
 )
 
@@ -67,16 +65,9 @@ async def submit(url: str, n: int, gap: float) -> list[float]:
 
 
 def one_round(url: str, n: int, src: str) -> list[float]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.intake_latency", "--serve", url, "--n", str(n)],
-        capture_output=True,
-        text=True,
-        cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{src}"},
-        check=True,
-        timeout=600,
+    values: list[float] = run_for_json(
+        "bench.intake_latency", ["--serve", url, "--n", str(n)], src=src
     )
-    values: list[float] = json.loads(out.stdout.strip().splitlines()[-1])
     return values
 
 

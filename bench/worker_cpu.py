@@ -20,14 +20,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, bench_database, median, print_table, write_results
+from bench.common import (
+    ROOT,
+    bench_database,
+    median,
+    print_table,
+    run_for_json,
+    write_results,
+)
 
 
 async def burn_down(url: str, n: int, concurrency: int) -> dict[str, float]:
@@ -76,26 +80,11 @@ def one_measurement(url: str, n: int, concurrency: int, src: str) -> dict[str, f
     from bench.runlane_system import reset
 
     reset(url)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.worker_cpu",
-            "--serve",
-            url,
-            "--n",
-            str(n),
-            "--concurrency",
-            str(concurrency),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{src}"},
-        check=True,
-        timeout=600,
+    result: dict[str, float] = run_for_json(
+        "bench.worker_cpu",
+        ["--serve", url, "--n", str(n), "--concurrency", str(concurrency)],
+        src=src,
     )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
