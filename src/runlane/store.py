@@ -13,7 +13,7 @@ from operator import itemgetter
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow, RowMaker, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -294,11 +294,17 @@ class RunStore:
         if agents is not None and not agents:
             return []
         async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=_claimed_run_row)
-            await cur.execute(
-                self._sql["claim_batch"], spec.params(), prepare=_prepare("claim_batch")
-            )
+            cur = await self._send_claim(conn, spec)
             return await cur.fetchall()
+
+    async def _send_claim(
+        self, conn: AsyncConnection[DictRow], spec: ClaimSpec
+    ) -> AsyncCursor[ClaimedRun]:
+        """Sends the claim on ``conn``; its cursor answers the claimed runs
+        (at once, or in a pipeline once the pipeline has synced)."""
+        cur = conn.cursor(row_factory=_claimed_run_row)
+        await cur.execute(self._sql["claim_batch"], spec.params(), prepare=_prepare("claim_batch"))
+        return cur
 
     async def set_tenant_limit(self, tenant: str, max_running: int | None) -> None:
         """Caps a tenant's running runs; None removes the cap."""
@@ -481,12 +487,7 @@ class RunStore:
                         await cur.execute(finish, params)
                         claim_cur = None
                         if claim is not None:
-                            claim_cur = conn.cursor(row_factory=_claimed_run_row)
-                            await claim_cur.execute(
-                                self._sql["claim_batch"],
-                                claim.params(),
-                                prepare=_prepare("claim_batch"),
-                            )
+                            claim_cur = await self._send_claim(conn, claim)
                     rows = await cur.fetchall()
                     if claim_cur is not None:
                         claimed = await claim_cur.fetchall()
