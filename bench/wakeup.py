@@ -11,6 +11,12 @@ returns ``time.time()`` at its start; latency = start - submit, both read
 from the same machine's clock. Under load, a loader process adds runs at
 half the worker's capacity (measured first, in the same round, by a
 burn-down) in small batches every 10 ms, each with a wake-up NOTIFY.
+
+The peers (PGQueuer, oban) are measured idle the same way, and so is
+``sql-floor`` (bench.peers.sql_floor): the same probes through bare SQL,
+one INSERT with its NOTIFY and one claiming UPDATE, both committed, with
+nothing else on the path: the lowest wake-up any PostgreSQL queue can have
+on the machine that round.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ from bench.common import (
     wait_for,
     write_results,
 )
+
+# The bare-SQL floor (bench.peers.sql_floor) is measured in every round by
+# default: how far any queue on this machine is from the target.
+DEFAULT_PEERS = ["pgqueuer", "oban", "sql-floor"]
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n": 20, "gap_ms": 10, "capacity_n": 100, "listen_wait": 0.5},
@@ -102,6 +112,18 @@ def capacity(url: str, n: int) -> float:
     return n / (last - first)
 
 
+def wakeup_systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
+    """The peers to measure beside runlane (and those skipped, with the
+    reason): the throughput figure's peers, and the bare-SQL floor, which
+    only this figure has."""
+    from bench.peers import sql_floor
+    from bench.throughput import systems
+
+    floor = [sql_floor] if sql_floor.NAME in names else []
+    chosen, skipped = systems([name for name in names if name != sql_floor.NAME])
+    return chosen + floor, skipped
+
+
 def peer_phase(
     system: Any, url: str, n: int, gap: float, *, listen_wait: float = 2.0
 ) -> dict[str, Any]:
@@ -136,12 +158,10 @@ def run(
     peers: list[str] | None = None,
     out_dir: Path | None = None,
 ) -> dict[str, Any]:
-    from bench.throughput import systems
-
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
     rounds: list[dict[str, Any]] = []
-    peer_systems, skipped = systems(peers if peers is not None else ["pgqueuer", "oban"])
+    peer_systems, skipped = wakeup_systems(peers if peers is not None else DEFAULT_PEERS)
     with bench_database("wakeup") as url:
         worker = runlane_system.spawn_worker(url, 10, mode="stamp")
         with running([worker]):
@@ -266,7 +286,9 @@ def load(url: str, rate: float) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--peers", default="pgqueuer,oban", help="peers measured idle too ('' for none)"
+        "--peers",
+        default=",".join(DEFAULT_PEERS),
+        help="peers measured idle too, and sql-floor, the bare-SQL floor ('' for none)",
     )
 
 

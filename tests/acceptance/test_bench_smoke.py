@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import api, claim_cost, intake_latency, throughput, worker_cpu
+from bench import api, claim_cost, intake_latency, throughput, wakeup, worker_cpu
 from bench.common import ROOT, median, percentile
 
 
@@ -56,6 +56,11 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
     assert (tmp_path / f"{figure}_sync_off.json").exists()
     if figure == "relay":
         assert data["summary"]["all_lanes_in_order"]
+    if figure == "wakeup":
+        # The bare-SQL floor needs no extra package: it is always measured,
+        # and every one of its probes is claimed and stamped.
+        floor = data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]
+        assert floor["n"] == wakeup.SIZES["tiny"]["n"]
 
 
 def test_intake_latency_smoke(bench_env: str, tmp_path: Path) -> None:
