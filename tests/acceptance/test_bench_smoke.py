@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import api, claim_cost, intake_latency, throughput, wakeup, worker_cpu
+from bench import (
+    api,
+    claim_cost,
+    intake_latency,
+    throughput,
+    wakeup,
+    wakeup_statements,
+    worker_cpu,
+)
 from bench.common import ROOT, median, percentile
 
 
@@ -61,6 +69,16 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         # and every one of its probes is claimed and stamped.
         floor = data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]
         assert floor["n"] == wakeup.SIZES["tiny"]["n"]
+
+
+def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Every kind measured every round; each timed claim took exactly the
+    # one row fed to it (measure raises otherwise).
+    data = wakeup_statements.run(3, 1.0, out_dir=tmp_path)
+    assert {kind: s["n"] for kind, s in data["statements"].items()} == dict.fromkeys(
+        wakeup_statements.KINDS, 3
+    )
+    assert (tmp_path / "wakeup_statements_sync_off.json").exists()
 
 
 def test_intake_latency_smoke(bench_env: str, tmp_path: Path) -> None:
