@@ -35,43 +35,28 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from bench.common import AGENT, bench_database, latency_summary, print_table, write_results
 from bench.peers import sql_floor
 
-# Measured kinds, in the order the table lists them.
 # The timed submits' runs: an agent the timed claims never take.
 SUBMIT_ONLY_AGENT = "bench-submit-only"
+# Measured kinds, in the order the table lists them.
 KINDS = ["select 1", "runlane submit", "floor submit", "runlane claim", "floor claim"]
 
 
 def _submit_params(agent: str) -> dict[str, Any]:
-    # What RunService.submit passes for a plain submit (runlane.store.insert_run).
-    return {
-        "tenant": "default",
-        "user_id": "default",
-        "agent": agent,
-        "input": Jsonb({"n": 1}),
-        "priority": 0,
-        "delay_seconds": 0.0,
-        "max_attempts": 3,
-        "budget": Jsonb({}),
-        "idempotency_key": None,
-        "metadata": Jsonb({}),
-        "notify": True,
-    }
+    # What RunService.submit sends for a plain submit.
+    from runlane.store import NewRun
+
+    return NewRun(agent=agent, input={"n": 1}, max_attempts=3).params(notify=True)
 
 
 def _claim_params(worker_id: str) -> dict[str, Any]:
-    # What the worker passes (runlane.store.ClaimSpec.params) for one agent.
-    return {
-        "worker_id": worker_id,
-        "limit": 10,
-        "lease_seconds": 30.0,
-        "agents": [AGENT],
-        "aging_seconds": 0.0,
-    }
+    # What the worker sends for one agent.
+    from runlane.store import ClaimSpec
+
+    return ClaimSpec(worker_id=worker_id, limit=10, lease_seconds=30.0, agents=[AGENT]).params()
 
 
 def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
@@ -80,14 +65,14 @@ def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
     sql = named_queries()
     worker_id = f"bench-{uuid.uuid4().hex[:8]}"
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    sql_floor.setup(url)
     with (
         psycopg.connect(url, autocommit=True) as submitter,
         psycopg.connect(url, autocommit=True) as claimer,
         psycopg.connect(url, autocommit=True) as feeder,
-    ):
-        sql_floor.setup(url)
         # A listener, so that each NOTIFY is delivered as on the real path.
-        listener = psycopg.connect(url, autocommit=True)
+        psycopg.connect(url, autocommit=True) as listener,
+    ):
         listener.execute("LISTEN runlane_wakeup")
         listener.execute(f"LISTEN {sql_floor.CHANNEL}")
 
@@ -122,31 +107,28 @@ def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
                 lambda: claimer.execute(sql_floor.CLAIM, (10,), prepare=True).fetchall(),
             ),
         }
-        try:
-            for round_no in range(n):
-                # Each round starts with a different kind: none is always
-                # the first after the previous round's work.
-                order = KINDS[round_no % len(KINDS) :] + KINDS[: round_no % len(KINDS)]
-                for kind in order:
-                    before, timed = steps[kind]
-                    if before is not None:
-                        before()
-                    time.sleep(gap)
-                    start = time.perf_counter()
-                    rows = timed()
-                    elapsed = time.perf_counter() - start
-                    if kind.endswith("claim") and len(rows) != 1:
-                        raise RuntimeError(f"{kind} claimed {len(rows)} rows, not 1")
-                    samples[kind].append(elapsed)
-                    if kind == "floor submit":
-                        # Out of the floor claim's way (runlane's submits
-                        # are for an agent its claim does not take).
-                        feeder.execute("DELETE FROM sql_floor_jobs WHERE NOT claimed")
-                # Drain the listener's socket, off the clock.
-                for _ in listener.notifies(timeout=0):
-                    pass
-        finally:
-            listener.close()
+        for round_no in range(n):
+            # Each round starts with a different kind: none is always
+            # the first after the previous round's work.
+            order = KINDS[round_no % len(KINDS) :] + KINDS[: round_no % len(KINDS)]
+            for kind in order:
+                before, timed = steps[kind]
+                if before is not None:
+                    before()
+                time.sleep(gap)
+                start = time.perf_counter()
+                rows = timed()
+                elapsed = time.perf_counter() - start
+                if kind.endswith("claim") and len(rows) != 1:
+                    raise RuntimeError(f"{kind} claimed {len(rows)} rows, not 1")
+                samples[kind].append(elapsed)
+                if kind == "floor submit":
+                    # Out of the floor claim's way (runlane's submits
+                    # are for an agent its claim does not take).
+                    feeder.execute("DELETE FROM sql_floor_jobs WHERE NOT claimed")
+            # Drain the listener's socket, off the clock.
+            for _ in listener.notifies(timeout=0):
+                pass
     return samples
 
 

@@ -50,6 +50,23 @@ class NewRun:
     idempotency_key: str | None = None
     metadata: dict[str, Any] | None = None
 
+    def params(self, *, notify: bool) -> dict[str, Any]:
+        """The ``insert_run`` query's parameters; ``notify``: whether a run
+        available now sends the wake-up NOTIFY."""
+        return {
+            "tenant": self.tenant,
+            "user_id": self.user_id,
+            "agent": self.agent,
+            "input": Jsonb(self.input),
+            "priority": self.priority,
+            "delay_seconds": float(self.delay_seconds),
+            "max_attempts": self.max_attempts,
+            "budget": Jsonb(self.budget or {}),
+            "idempotency_key": self.idempotency_key,
+            "metadata": Jsonb(self.metadata or {}),
+            "notify": notify,
+        }
+
 
 # Statements that join runs to a batch given as arrays are never prepared.
 # psycopg prepares a statement run more than five times, and PostgreSQL then
@@ -158,19 +175,7 @@ class RunStore:
     async def insert_run(self, new: NewRun) -> tuple[Run, bool]:
         """Inserts a run; with an idempotency key already used, returns that
         run instead. The bool says whether this call created it."""
-        params = {
-            "tenant": new.tenant,
-            "user_id": new.user_id,
-            "agent": new.agent,
-            "input": Jsonb(new.input),
-            "priority": new.priority,
-            "delay_seconds": float(new.delay_seconds),
-            "max_attempts": new.max_attempts,
-            "budget": Jsonb(new.budget or {}),
-            "idempotency_key": new.idempotency_key,
-            "metadata": Jsonb(new.metadata or {}),
-            "notify": self.notify,
-        }
+        params = new.params(notify=self.notify)
         # A concurrent insert of the same key can commit after this
         # statement's snapshot: then neither branch sees a row, and a second
         # try (new snapshot) finds it.
