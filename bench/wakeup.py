@@ -16,7 +16,10 @@ The peers (PGQueuer, oban) are measured idle the same way, and so is
 ``sql-floor`` (bench.peers.sql_floor): the same probes through bare SQL,
 one INSERT with its NOTIFY and one claiming UPDATE, both committed, with
 nothing else on the path: the lowest wake-up any PostgreSQL queue can have
-on the machine that round.
+on the machine that round, for a queue whose workers pull (claim after a
+NOTIFY). ``sql-push-floor`` (bench.peers.sql_push_floor) is the same for a
+push design: the submit claims for a parked idle worker in its own commit
+and the NOTIFY carries the job, so no claim round trip is on the path.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ from bench.common import (
     write_results,
 )
 
-# The bare-SQL floor (bench.peers.sql_floor) is measured in every round by
-# default: how far any queue on this machine is from the target.
-DEFAULT_PEERS = ["pgqueuer", "oban", "sql-floor"]
+# The bare-SQL floors (bench.peers.sql_floor, sql_push_floor) are measured in
+# every round by default: how far any queue on this machine is from the
+# target, pulling or pushing.
+DEFAULT_PEERS = ["pgqueuer", "oban", "sql-floor", "sql-push-floor"]
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n": 20, "gap_ms": 10, "capacity_n": 100, "listen_wait": 0.5},
@@ -116,12 +120,12 @@ def wakeup_systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
     """The peers to measure beside runlane (and those skipped, with the
     reason): the throughput figure's peers, and the bare-SQL floor, which
     only this figure has."""
-    from bench.peers import sql_floor
+    from bench.peers import sql_floor, sql_push_floor
     from bench.throughput import systems
 
-    floor = [sql_floor] if sql_floor.NAME in names else []
-    chosen, skipped = systems([name for name in names if name != sql_floor.NAME])
-    return chosen + floor, skipped
+    floors = [floor for floor in (sql_floor, sql_push_floor) if floor.NAME in names]
+    chosen, skipped = systems([name for name in names if name not in {f.NAME for f in floors}])
+    return chosen + floors, skipped
 
 
 def peer_phase(
@@ -140,8 +144,10 @@ def peer_phase(
     finally:
         out = worker.stop_and_read()
     lines = [line for line in out.splitlines() if line.startswith("{")]
-    latencies = json.loads(lines[-1])["latencies"] if lines else []
-    return {"latency": latency_summary(latencies)}
+    reported = json.loads(lines[-1]) if lines else {}
+    latencies = reported.pop("latencies", [])
+    # Anything else the worker counted (sql-push-floor: its pushed jobs).
+    return {"latency": latency_summary(latencies), **reported}
 
 
 def phase(url: str, n: int, gap: float) -> dict[str, Any]:
@@ -288,7 +294,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peers",
         default=",".join(DEFAULT_PEERS),
-        help="peers measured idle too, and sql-floor, the bare-SQL floor ('' for none)",
+        help=(
+            "peers measured idle too, and the bare-SQL floors sql-floor (pull)"
+            " and sql-push-floor (push) ('' for none)"
+        ),
     )
 
 

@@ -145,6 +145,35 @@ class Run:
             client_request_id=row.get("client_request_id"),
         )
 
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Run:
+        """A run from its row as PostgreSQL's ``to_jsonb`` writes it (what a
+        pushed run's NOTIFY carries): ids and times as text, jsonb columns
+        as the JSON they hold, as psycopg would have decoded them."""
+        values = dict(row)
+        for name in _UUID_FIELDS:
+            if values[name] is not None:
+                values[name] = UUID(values[name])
+        for name in _DATETIME_FIELDS:
+            if values[name] is not None:
+                values[name] = datetime.fromisoformat(values[name])
+        return cls.from_row(values)
+
+
+# The fields of Run that to_jsonb writes as text (see Run.from_json).
+_UUID_FIELDS = ("id", "lease_token", "request_id", "resumed_from")
+_DATETIME_FIELDS = (
+    "available_at",
+    "deadline_at",
+    "lease_expires_at",
+    "cancel_requested_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "interrupt_expires_at",
+    "steer_requested_at",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimedRun:
@@ -154,6 +183,8 @@ class ClaimedRun:
     lease_token: UUID
     # Seconds left until the run's budget deadline, by the database clock.
     deadline_in_seconds: float | None
+    # Claimed by a submit, through this worker's standing claim.
+    pushed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

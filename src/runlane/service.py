@@ -69,8 +69,9 @@ class RunService:
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> tuple[Run, bool]:
-        """Stores a pending run. Returns it and whether it is new: the same
-        idempotency key returns the run it first created."""
+        """Stores a run: pending, or already claimed by an idle worker's
+        standing claim (then running). Returns it and whether it is new:
+        the same idempotency key returns the run it first created."""
         self.check_agent_name(agent)
         checked = self.check_run_options(
             input=input,

@@ -112,13 +112,21 @@ class Finish:
 class ClaimSpec:
     """What a worker claims: up to ``limit`` runs of ``agents`` (None: any
     agent) with a lease of ``lease_seconds``; ``aging_seconds``: one
-    priority point per that many seconds waited (0: no aging)."""
+    priority point per that many seconds waited (0: no aging).
+
+    ``unpark``: withdraw the worker's standing claim first; the run a
+    submit gave it comes back too (``ClaimedRun.pushed``), else the claim
+    takes up to one run more (the slot the standing claim held).
+    ``park_seconds``: if the claim comes back short, leave a standing claim
+    that submits fill for that long (migration 0025)."""
 
     worker_id: str
     limit: int
     lease_seconds: float
     agents: Sequence[str] | None = None
     aging_seconds: float = 0.0
+    unpark: bool = False
+    park_seconds: float | None = None
 
     def params(self) -> dict[str, Any]:
         return {
@@ -127,7 +135,18 @@ class ClaimSpec:
             "lease_seconds": float(self.lease_seconds),
             "agents": list(self.agents) if self.agents is not None else None,
             "aging_seconds": float(self.aging_seconds),
+            "unpark": self.unpark,
+            "park_seconds": None if self.park_seconds is None else float(self.park_seconds),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class PushedRun:
+    """A run a submit gave a worker's standing claim (migration 0025):
+    already claimed by that worker under ``lease_token``."""
+
+    run_id: UUID
+    lease_token: UUID
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,12 +314,37 @@ class RunStore:
     ) -> list[ClaimedRun]:
         """Claims up to ``limit`` runs of ``agents`` (None: any agent).
         ``aging_seconds``: one priority point per that many seconds waited."""
-        spec = ClaimSpec(worker_id, limit, lease_seconds, agents, aging_seconds)
-        if agents is not None and not agents:
+        return await self.claim(ClaimSpec(worker_id, limit, lease_seconds, agents, aging_seconds))
+
+    async def claim(self, spec: ClaimSpec) -> list[ClaimedRun]:
+        """Claims as ``spec`` says (see ClaimSpec): one statement."""
+        if spec.agents is not None and not spec.agents and not spec.unpark:
             return []
         async with self.pool.connection() as conn:
             cur = await self._send_claim(conn, spec)
             return await cur.fetchall()
+
+    async def unpark(self, worker_id: str) -> PushedRun | None:
+        """Withdraws the worker's standing claim; answers the run a submit
+        gave it, if any."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql["unpark_worker"], {"worker_id": worker_id})
+            row = await cur.fetchone()
+        if row is None or row[0] is None:
+            return None
+        return PushedRun(row[0], row[1])
+
+    async def get_pushed_run(self, pushed: PushedRun) -> ClaimedRun | None:
+        """The pushed run as a claim answers it; None once that attempt has
+        ended or lost its lease."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=_claimed_run_row)
+            await cur.execute(
+                self._sql["get_pushed_run"],
+                {"run_id": pushed.run_id, "lease_token": pushed.lease_token},
+            )
+            return await cur.fetchone()
 
     async def _send_claim(
         self, conn: AsyncConnection[DictRow], spec: ClaimSpec
@@ -638,10 +682,12 @@ def _claimed_run_row(cursor: Any) -> RowMaker[ClaimedRun]:
     run_values = itemgetter(*(position[name] for name in _RUN_COLUMNS))
     token_at = position["lease_token"]
     deadline_at = position["deadline_in_seconds"]
+    pushed_at = position.get("by_push")
 
     def claimed_run(values: Sequence[Any]) -> ClaimedRun:
         run = Run(*run_values(values))
         run.status = RunStatus(run.status)
-        return ClaimedRun(run, values[token_at], values[deadline_at])
+        pushed = pushed_at is not None and bool(values[pushed_at])
+        return ClaimedRun(run, values[token_at], values[deadline_at], pushed)
 
     return claimed_run

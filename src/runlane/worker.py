@@ -1,7 +1,9 @@
 """The worker runtime: claim runs, run them, keep their leases, stop well.
 
 ``Worker`` claims in batches with SKIP LOCKED when it has free capacity,
-wakes on NOTIFY and polls as a fallback, runs each attempt as an asyncio
+wakes on NOTIFY and polls as a fallback, parks when idle (a standing
+claim that a submit fills in its own transaction, see
+``sql/migrations/0025_standing_claims.sql``), runs each attempt as an asyncio
 task (see :mod:`runlane.execution`), renews all its leases in one statement
 per tick (:mod:`runlane.heartbeat`) and runs the lease reaper. A
 concurrency slot frees when a handler ends; its outcome is then written in
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Self
 from uuid import UUID
@@ -33,12 +37,12 @@ from runlane.execution import Execution, StopReason
 from runlane.heartbeat import Heartbeat
 from runlane.lane_store import LaneStore
 from runlane.listener import Listener
-from runlane.models import ClaimedRun
+from runlane.models import ClaimedRun, Run
 from runlane.pruner import Pruner
 from runlane.reaper import Reaper
 from runlane.recovery import Recovery
 from runlane.settings import Settings
-from runlane.store import ClaimSpec, RunStore, WorkerIdentity
+from runlane.store import ClaimSpec, PushedRun, RunStore, WorkerIdentity
 from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
@@ -46,6 +50,11 @@ logger = logging.getLogger(__name__)
 WAKEUP_CHANNEL = "runlane_wakeup"
 CANCEL_CHANNEL = "runlane_cancel"
 STEER_CHANNEL = "runlane_steer"
+PUSH_CHANNEL = "runlane_push"
+
+# Pushed runs remembered, so that a run reported twice (by its NOTIFY and
+# by the unpark that found it) starts once.
+_PUSHES_REMEMBERED = 1024
 
 
 def new_worker_id() -> str:
@@ -131,6 +140,15 @@ class Worker:
         # claim that a NOTIFY, say a lane's relay, asks for).
         self._backlog = True
         self._notifies = 0
+        # Whether this worker's standing claim may be waiting in the
+        # database: it holds one slot for the run a submit may push.
+        self._parked = False
+        # When the claim that left the standing claim was sent: a run pushed
+        # to it was claimed (its lease began) after that, so it is the
+        # instant its lease clock counts from, as a claim's send time is.
+        self._parked_sent_at = 0.0
+        self._pushes_seen: OrderedDict[UUID, None] = OrderedDict()
+        self._push_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._claim_task: asyncio.Task[None] | None = None
         self.heartbeat = Heartbeat(
@@ -146,7 +164,7 @@ class Worker:
         self.listener: Listener | None = (
             Listener(
                 url,
-                [WAKEUP_CHANNEL, CANCEL_CHANNEL, STEER_CHANNEL],
+                [WAKEUP_CHANNEL, PUSH_CHANNEL, CANCEL_CHANNEL, STEER_CHANNEL],
                 self._on_notify,
                 on_reconnect=self._reconnected,
             )
@@ -176,6 +194,7 @@ class Worker:
         self.wakeups_by_notify = 0
         self.claims = 0
         self.claims_along = 0
+        self.claims_pushed = 0
         self.claim_failures = 0
 
     @property
@@ -229,6 +248,7 @@ class Worker:
                 await self._claim_task
             except BaseException:
                 logger.exception("claim loop ended with an error")
+        await self._withdraw_standing_claim()
         # A claim sent along with an outcome batch before the stop: its runs
         # start (and are then released like the others) before _release
         # looks at what is held.
@@ -290,23 +310,41 @@ class Worker:
         poll = self.settings.poll_seconds
         while not self._stopping:
             self._wake.clear()
+            # A parked worker unparks in its claim: the claim then answers
+            # the run a submit gave the standing claim, or takes one run
+            # more with the slot the standing claim held.
+            unpark = self._parked
             free = self._free_slots()
-            if free > 0 and self._lane_outcomes_pending == 0:
-                want = min(free, self.batch_size)
+            if (free > 0 or unpark) and self._lane_outcomes_pending == 0:
+                want = min(max(free, 0), self.batch_size)
+                park = self._may_park()
+                spec = ClaimSpec(
+                    worker_id=self.worker_id,
+                    limit=want,
+                    lease_seconds=self.settings.lease_seconds,
+                    agents=self.agents,
+                    aging_seconds=self.settings.priority_aging_seconds,
+                    unpark=unpark,
+                    # Parking again at each poll renews the standing claim;
+                    # a worker that died stops taking runs a few polls later.
+                    park_seconds=max(3 * self.settings.poll_seconds, 2.0) if park else None,
+                )
                 sent_at = time.monotonic()
+                parked_sent_at = self._parked_sent_at
                 notifies = self._notifies
-                self._reserved += want
+                # Up to one run more than asked for: the standing claim's
+                # (pushed, or claimed with its slot).
+                held = want + (1 if unpark else 0)
+                self._reserved += held
+                self._parked = False
                 try:
                     with self.metrics.claim_seconds.time():
-                        batch = await self.store.claim_batch(
-                            worker_id=self.worker_id,
-                            limit=want,
-                            lease_seconds=self.settings.lease_seconds,
-                            agents=self.agents,
-                            aging_seconds=self.settings.priority_aging_seconds,
-                        )
+                        batch = await self.store.claim(spec)
                 except Exception as exc:
                     self.claim_failures += 1
+                    # Whether the standing claim was withdrawn is unknown:
+                    # the next claim withdraws it again.
+                    self._parked = unpark or park
                     # The claim loop must outlive any error: a dead loop
                     # leaves a process that looks alive and claims nothing.
                     if isinstance(exc, TRANSIENT_ERRORS):
@@ -317,24 +355,113 @@ class Worker:
                     await self._sleep_or_wake(poll)
                     continue
                 finally:
-                    self._reserved -= want
-                self._backlog = len(batch) == want or self._notifies != notifies
-                self.metrics.claims.inc(len(batch))
+                    self._reserved -= held
+                pushed = sum(1 for claimed in batch if claimed.pushed)
+                asked = want + (1 if unpark and not pushed else 0)
+                claimed_now = len(batch) - pushed
+                self._backlog = claimed_now == asked or self._notifies != notifies
+                self.metrics.claims.inc(claimed_now)
                 for claimed in batch:
-                    self._start(claimed, sent_at)
-                if len(batch) == want:
+                    if claimed.pushed:
+                        self._take_pushed_run(claimed, parked_sent_at)
+                    else:
+                        self._start(claimed, sent_at)
+                # claim_or_park parked again if the claim came back short.
+                if park and claimed_now < asked:
+                    self._parked = True
+                    self._parked_sent_at = sent_at
+                if claimed_now == asked and asked > 0:
                     continue  # there may be more waiting
             await self._sleep_or_wake(poll)
 
+    def _may_park(self) -> bool:
+        """Whether a claim that comes back short leaves a standing claim:
+        only a listening worker hears of the runs pushed to it at once."""
+        return not self._stopping and self.listener is not None and self.agents != []
+
+    async def _withdraw_standing_claim(self) -> None:
+        """At stop: no submit may push to this worker any more; a run pushed
+        before starts, and is released with the others."""
+        if self.listener is None:
+            return
+        try:
+            pushed = await self.store.unpark(self.worker_id)
+        except Exception as exc:
+            # The row expires on its own; a run pushed meanwhile is
+            # recovered by the reaper when its lease expires.
+            logger.warning("could not withdraw the standing claim (%s)", exc)
+            pushed = None
+        self._parked = False
+        if pushed is not None:
+            self._take_pushed(pushed)
+        if self._push_tasks:
+            await asyncio.wait(list(self._push_tasks), timeout=self.settings.lease_seconds)
+
+    def _first_push(self, run_id: UUID) -> bool:
+        """Whether this is the first report of a run pushed to this worker
+        (its NOTIFY and the unpark that found it may both report it)."""
+        if run_id in self._pushes_seen:
+            return False
+        self._pushes_seen[run_id] = None
+        if len(self._pushes_seen) > _PUSHES_REMEMBERED:
+            self._pushes_seen.popitem(last=False)
+        # The standing claim is spent: its slot passes to the run.
+        self._parked = False
+        return True
+
+    def _take_pushed_run(self, claimed: ClaimedRun, parked_sent_at: float) -> None:
+        """A pushed run, as its NOTIFY or the unpark carried it: start it,
+        its lease counted from when the standing claim was left."""
+        if self._first_push(claimed.run.id):
+            self.claims_pushed += 1
+            self.metrics.claims.inc()
+            self._start(claimed, parked_sent_at)
+
+    def _take_pushed(self, pushed: PushedRun) -> None:
+        """A pushed run named only (too large for its NOTIFY, or found at
+        stop): read it, then start it."""
+        if not self._first_push(pushed.run_id):
+            return
+        self._reserved += 1
+        task = asyncio.create_task(
+            self._start_pushed(pushed, self._parked_sent_at), name="runlane-pushed"
+        )
+        self._push_tasks.add(task)
+        task.add_done_callback(self._push_tasks.discard)
+
+    async def _start_pushed(self, pushed: PushedRun, parked_sent_at: float) -> None:
+        claimed = None
+        try:
+            for attempt in range(3):
+                try:
+                    claimed = await self.store.get_pushed_run(pushed)
+                    break
+                except TRANSIENT_ERRORS as exc:
+                    logger.warning("reading pushed run %s failed (%s)", pushed.run_id, exc)
+                    await asyncio.sleep(0.1 * (attempt + 1))
+        except Exception:
+            # Its lease expires and the reaper gives it to another attempt.
+            logger.exception("reading pushed run %s failed", pushed.run_id)
+        finally:
+            self._reserved -= 1
+        if claimed is not None:
+            self.claims_pushed += 1
+            self.metrics.claims.inc()
+            self._start(claimed, parked_sent_at)
+        else:
+            self._wake.set()  # the slot is free again
+
     def _free_slots(self) -> int:
         """Runs this worker may claim now: handler slots and held runs
-        left, less those promised to claims on their way."""
+        left, less those promised to claims on their way and the one a
+        standing claim holds."""
         return (
             min(
                 self.concurrency - self.handlers_running,
                 self.max_held - len(self.executions),
             )
             - self._reserved
+            - (1 if self._parked else 0)
         )
 
     def _claim_along(self) -> ClaimSpec | None:
@@ -447,6 +574,8 @@ class Worker:
                 self._backlog = True
                 self._woken_by = "notify"
                 self._wake.set()
+        elif channel == PUSH_CHANNEL:
+            self._on_push(payload)
         elif channel in (CANCEL_CHANNEL, STEER_CHANNEL):
             with contextlib.suppress(ValueError):
                 execution = self.executions.get(UUID(payload))
@@ -456,6 +585,28 @@ class Worker:
                     self._cancel_requested(execution)
                 else:
                     self._steer_requested(execution)
+
+    def _on_push(self, payload: str) -> None:
+        """A submit gave a standing claim a run (see insert_run): if this
+        worker's, start it; the payload carries the run unless too large."""
+        try:
+            message = json.loads(payload)
+            if message["worker_id"] != self.worker_id:
+                return
+            if "run" in message:
+                run = Run.from_json(message["run"])
+                if run.lease_token is None:
+                    raise ValueError("a pushed run without a lease")
+                claimed = ClaimedRun(run, run.lease_token, message["deadline_in_seconds"], True)
+                self._take_pushed_run(claimed, self._parked_sent_at)
+            else:
+                self._take_pushed(PushedRun(UUID(message["run_id"]), UUID(message["lease_token"])))
+        except (ValueError, KeyError, TypeError):
+            # Not a push this version understands: the unpark in the next
+            # claim (at the latest the next poll) finds the run.
+            logger.warning("unreadable push notification: %.200s", payload)
+            self._backlog = True
+            self._wake.set()
 
     def _reconnected(self) -> None:
         """NOTIFYs may have been missed while the listener was away."""

@@ -65,10 +65,14 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
     if figure == "relay":
         assert data["summary"]["all_lanes_in_order"]
     if figure == "wakeup":
-        # The bare-SQL floor needs no extra package: it is always measured,
-        # and every one of its probes is claimed and stamped.
-        floor = data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]
-        assert floor["n"] == wakeup.SIZES["tiny"]["n"]
+        # The bare-SQL floors need no extra package: they are always
+        # measured, and every one of their probes is claimed and stamped.
+        peers = data["rounds"][0]["peers_idle"]
+        for floor in ("sql-floor", "sql-push-floor"):
+            assert peers[floor]["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+        # The push floor's idle worker is parked again before each probe
+        # arrives (10 ms apart): its probes are pushed, not pulled.
+        assert peers["sql-push-floor"]["pushed"] >= wakeup.SIZES["tiny"]["n"] // 2
 
 
 def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from runlane.models import Outcome, RunStatus
 from runlane.queries import named_queries
 from runlane.service import RunService
 from runlane.settings import Settings
-from runlane.store import Finish, RunStore
+from runlane.store import ClaimSpec, Finish, RunStore
 
 Conn = psycopg.Connection[Any]
 LEASED = 2000
@@ -342,13 +342,8 @@ CLAIM_INDEXES = {
 
 def claim_params(agents: list[str] | None, limit: int) -> dict[str, Any]:
     """claim_batch's parameters for worker w."""
-    return {
-        "worker_id": "w",
-        "agents": agents,
-        "limit": limit,
-        "lease_seconds": 30.0,
-        "aging_seconds": 60.0,
-    }
+    spec = ClaimSpec(worker_id="w", limit=limit, lease_seconds=30.0, agents=agents)
+    return {**spec.params(), "aging_seconds": 60.0}
 
 
 def add_pending_runs(sql: Conn, n: int) -> None:
@@ -741,6 +736,44 @@ async def test_a_long_lived_api_connections_lane_submits_keep_index_plans(
     await submit("busy", 12)
     await submit("idle-new", 12)
     assert await pool_rows_read(pool, tables) - before < 100
+
+
+async def test_a_long_lived_api_connections_direct_submits_keep_index_plans(
+    one_connection_pool: AsyncConnectionPool[Any], settings: Settings, sql: Conn
+) -> None:
+    # A direct submit looks for a parked worker and, when it finds one, for
+    # a run of its agent already waiting (which the worker must take
+    # first). Its plan is kept for the API's connection once the submit
+    # has run often enough, here while runs held a few rows; then the
+    # history and another agent's backlog grow. A submit must still read
+    # a few rows, parked worker or not.
+    service = RunService(RunStore(one_connection_pool), settings)
+    await service.submit("a", {"i": 0})
+    sql.execute("ANALYZE runlane.runs")
+    sql.execute(
+        "INSERT INTO runlane.standing_claims (worker_id, agents, lease_seconds, expires_at)"
+        " VALUES ('w', NULL, 30, now() + interval '10 minutes')"
+    )
+    for i in range(12):
+        run, _ = await service.submit("a", {"i": i})
+        assert run.status is RunStatus.PENDING  # the first run is waiting
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at)"
+        " SELECT 'a', '{}', 3, 'completed', now() FROM generate_series(1, 3000)"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts)"
+        " SELECT 'b', '{}', 3 FROM generate_series(1, 3000)"
+    )
+    tables = ("runs", "standing_claims")
+    before = await pool_rows_read(one_connection_pool, tables)
+    waiting, _ = await service.submit("a", {"i": 12})
+    assert waiting.status is RunStatus.PENDING
+    assert await pool_rows_read(one_connection_pool, tables) - before < 100
+    before = await pool_rows_read(one_connection_pool, tables)
+    pushed, _ = await service.submit("c", {"i": 13})  # nothing of c waits
+    assert pushed.status is RunStatus.RUNNING
+    assert await pool_rows_read(one_connection_pool, tables) - before < 100
 
 
 async def test_a_long_lived_api_connections_request_reads_keep_index_plans(

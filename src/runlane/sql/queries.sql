@@ -13,18 +13,60 @@
 
 -- name: insert_run
 -- Inserts a run, or returns the existing one for the same idempotency key.
-WITH inserted AS (
-    INSERT INTO runlane.runs (tenant, user_id, agent, input, priority, available_at,
-                              max_attempts, budget, idempotency_key, metadata)
-    VALUES (%(tenant)s, %(user_id)s, %(agent)s, %(input)s, %(priority)s,
-            now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
-            %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s)
+-- A run that can start now goes straight to a parked worker when there is
+-- one (its standing claim, migration 0025): inserted running, with that
+-- worker's lease and its first attempt row, as a claim would write them,
+-- and runlane_push tells the worker. Only a run with no idempotency key
+-- (a key's conflict would drop the row after the claim was taken), no
+-- delay, of a tenant without a cap, and with no run of its agent already
+-- waiting (which the next claim must take first); else it waits pending
+-- and runlane_wakeup wakes the workers.
+WITH standing AS (
+    SELECT * FROM runlane.take_standing_claim(
+        %(tenant)s, %(agent)s,
+        %(notify)s AND %(idempotency_key)s::text IS NULL AND %(delay_seconds)s <= 0)
+), inserted AS (
+    INSERT INTO runlane.runs (id, tenant, user_id, agent, input, priority, available_at,
+                              max_attempts, budget, idempotency_key, metadata,
+                              status, attempts, claim_count, lease_token, lease_expires_at,
+                              worker_id, started_at, deadline_at)
+    SELECT coalesce(s.run_id, gen_random_uuid()), %(tenant)s, %(user_id)s, %(agent)s,
+           %(input)s, %(priority)s,
+           now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
+           %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s,
+           CASE WHEN s.run_id IS NULL THEN 'pending' ELSE 'running' END,
+           CASE WHEN s.run_id IS NULL THEN 0 ELSE 1 END,
+           CASE WHEN s.run_id IS NULL THEN 0 ELSE 1 END,
+           s.lease_token,
+           now() + make_interval(secs => s.lease_seconds),
+           s.worker_id,
+           CASE WHEN s.run_id IS NOT NULL THEN now() END,
+           CASE WHEN s.run_id IS NOT NULL THEN now() + make_interval(secs =>
+               least((%(budget)s::jsonb ->> 'max_seconds')::double precision, 31536000)) END
+    FROM (VALUES (1)) AS one (x) LEFT JOIN standing AS s ON true
     ON CONFLICT (tenant, user_id, idempotency_key) WHERE idempotency_key IS NOT NULL
     DO NOTHING
     RETURNING *
+), first_attempt AS (
+    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
+    SELECT id, claim_count, worker_id, lease_token FROM inserted WHERE lease_token IS NOT NULL
 ), notified AS (
-    SELECT pg_notify('runlane_wakeup', agent) FROM inserted
-    WHERE %(notify)s AND available_at <= now()
+    -- A pushed run's NOTIFY carries the run as the claim answers it, so
+    -- that its worker starts it without reading it first; a run too large
+    -- for a NOTIFY payload (8,000 bytes) is named only, and read.
+    SELECT CASE WHEN i.lease_token IS NULL THEN pg_notify('runlane_wakeup', i.agent)
+                WHEN octet_length(p.whole) <= 7900 THEN pg_notify('runlane_push', p.whole)
+                ELSE pg_notify('runlane_push', jsonb_build_object(
+                    'worker_id', i.worker_id, 'run_id', i.id, 'lease_token', i.lease_token)::text)
+           END
+    FROM inserted AS i
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN i.lease_token IS NOT NULL THEN jsonb_build_object(
+            'worker_id', i.worker_id,
+            'run', to_jsonb(i),
+            'deadline_in_seconds', extract(epoch FROM i.deadline_at - now()))::text END
+    ) AS p (whole)
+    WHERE %(notify)s AND i.available_at <= now()
 )
 SELECT inserted.*, true AS created, (SELECT count(*) FROM notified) AS notified FROM inserted
 UNION ALL
@@ -81,12 +123,29 @@ LIMIT %(limit)s;
 -- Claims up to `limit` runs (of `agents`, or any agent when NULL) in one
 -- short transaction: highest effective priority first (priority, aged by
 -- waiting time), then available_at, then submission order; tenant caps
--- respected. See runlane.claim_runs in the migrations.
-SELECT c.*,
-       extract(epoch FROM c.deadline_at - now())::double precision AS deadline_in_seconds
-FROM runlane.claim_runs(%(worker_id)s, %(agents)s::text[], %(limit)s,
-                        %(lease_seconds)s, %(aging_seconds)s) AS c
-ORDER BY c.priority DESC, c.available_at, c.seq;
+-- respected. See runlane.claim_runs in the migrations. With `unpark`, the
+-- worker's standing claim is withdrawn first and the run a submit gave it
+-- comes back too (by_push); with `park_seconds`, a claim that came back
+-- short parks the worker (runlane.claim_or_park, migration 0025).
+SELECT (c.claimed).*, c.by_push,
+       extract(epoch FROM (c.claimed).deadline_at - now())::double precision
+           AS deadline_in_seconds
+FROM runlane.claim_or_park(%(worker_id)s, %(agents)s::text[], %(limit)s,
+                           %(lease_seconds)s, %(aging_seconds)s,
+                           %(unpark)s, %(park_seconds)s) AS c
+ORDER BY (c.claimed).priority DESC, (c.claimed).available_at, (c.claimed).seq;
+
+-- name: unpark_worker
+-- Withdraws the standing claim; answers the run a submit gave it, if any.
+DELETE FROM runlane.standing_claims WHERE worker_id = %(worker_id)s
+RETURNING run_id, lease_token;
+
+-- name: get_pushed_run
+-- A run a submit gave this worker's standing claim, as a claim answers it;
+-- nothing once that attempt has ended or lost its lease.
+SELECT r.*, extract(epoch FROM r.deadline_at - now())::double precision AS deadline_in_seconds
+FROM runlane.runs AS r
+WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s;
 
 -- name: set_tenant_limit
 INSERT INTO runlane.tenant_limits (tenant, max_running)

@@ -1,0 +1,329 @@
+"""Standing claims (migration 0025): an idle worker parks, and a submit
+that can start at once hands it the run in the submit's own transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+
+from runlane import App, RunContext
+from runlane.models import RunStatus
+from runlane.service import RunService
+from runlane.settings import Settings
+from runlane.store import ClaimSpec, PushedRun, RunStore
+from tests.support import running_worker, wait_until
+
+Conn = psycopg.Connection[Any]
+
+
+def stand(
+    sql: Conn, worker_id: str, agents: list[str] | None, *, lease_seconds: float = 30
+) -> None:
+    """A standing claim as a worker's short claim leaves it (claim_or_park),
+    written directly: a worker that parked and then went away, or one that
+    parked before the run now waiting became available."""
+    sql.execute(
+        "INSERT INTO runlane.standing_claims (worker_id, agents, lease_seconds, expires_at)"
+        " VALUES (%s, %s, %s, now() + interval '1 minute')",
+        (worker_id, agents, lease_seconds),
+    )
+
+
+def standing_claims(sql: Conn) -> list[tuple[Any, ...]]:
+    return sql.execute(
+        "SELECT worker_id, run_id FROM runlane.standing_claims ORDER BY worker_id"
+    ).fetchall()
+
+
+async def parked(sql: Conn, worker_id: str) -> None:
+    async def found() -> bool:
+        return any(w == worker_id and r is None for w, r in standing_claims(sql))
+
+    await wait_until(found, timeout=10, message=f"{worker_id} parked")
+
+
+def echo_app(settings: Settings, started: list[Any]) -> App:
+    app = App(settings)
+
+    @app.agent("echo")
+    async def echo(ctx: RunContext) -> Any:
+        started.append((ctx.run_id, ctx.attempt))
+        return {"echo": ctx.input}
+
+    return app
+
+
+async def wait_for_status(service: RunService, run_id: Any, status: RunStatus) -> Any:
+    async def reached() -> Any:
+        run = await service.get(run_id)
+        return run if run.status is status else None
+
+    return await wait_until(reached, timeout=15, message=f"run {status}")
+
+
+async def test_an_idle_worker_is_pushed_the_run_a_submit_stores(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    started: list[Any] = []
+    async with running_worker(echo_app(settings, started), settings) as worker:
+        await parked(sql, worker.worker_id)
+        run, created = await service.submit("echo", {"n": 1})
+        # The submit answered the run already claimed by the parked worker.
+        assert created and run.status is RunStatus.RUNNING
+        assert run.worker_id == worker.worker_id and run.attempts == 1
+        done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == 1
+        # It parks again for the next one.
+        await parked(sql, worker.worker_id)
+        second, _ = await service.submit("echo", {"n": 2})
+        assert second.status is RunStatus.RUNNING
+        await wait_for_status(service, second.id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == 2
+    assert done.output == {"echo": {"n": 1}}
+    assert started == [(run.id, 1), (second.id, 1)]
+    # The attempt row is the one a claim writes, and the run ran once.
+    attempts = sql.execute(
+        "SELECT attempt, worker_id, outcome FROM runlane.run_attempts WHERE run_id = %s",
+        (run.id,),
+    ).fetchall()
+    assert attempts == [(1, worker.worker_id, "completed")]
+    # A stopped worker withdraws its standing claim.
+    assert standing_claims(sql) == []
+
+
+async def test_a_push_never_exceeds_the_workers_concurrency(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    release = asyncio.Event()
+    running: list[Any] = []
+    most = 0
+    app = App(settings)
+
+    @app.agent("slow")
+    async def slow(ctx: RunContext) -> Any:
+        nonlocal most
+        running.append(ctx.run_id)
+        most = max(most, len(running))
+        await release.wait()
+        running.remove(ctx.run_id)
+        return "ok"
+
+    async with running_worker(app, settings, concurrency=1) as worker:
+        await parked(sql, worker.worker_id)
+        first, _ = await service.submit("slow", {})
+        assert first.status is RunStatus.RUNNING
+        # The only slot is taken: nothing is parked, the next runs wait.
+        await wait_until(lambda: running == [first.id], timeout=10, message="first started")
+        others = [(await service.submit("slow", {}))[0] for _ in range(3)]
+        assert [r.status for r in others] == [RunStatus.PENDING] * 3
+        assert standing_claims(sql) in ([], [(worker.worker_id, first.id)])
+        release.set()
+        for other in others:
+            await wait_for_status(service, other.id, RunStatus.COMPLETED)
+    assert most == 1
+
+
+async def test_only_runs_that_can_start_now_are_pushed(
+    service: RunService, store: RunStore, settings: Settings, sql: Conn
+) -> None:
+    started: list[Any] = []
+    async with running_worker(echo_app(settings, started), settings) as worker:
+        await parked(sql, worker.worker_id)
+        # Another agent's run, a delayed run and a keyed run wait pending.
+        other, _ = await service.submit("someone-elses", {})
+        delayed, _ = await service.submit("echo", {}, delay_seconds=3600)
+        keyed, _ = await service.submit("echo", {}, idempotency_key="k-1")
+        assert other.status is RunStatus.PENDING and delayed.status is RunStatus.PENDING
+        assert keyed.status is RunStatus.PENDING
+        await wait_for_status(service, keyed.id, RunStatus.COMPLETED)
+        # A capped tenant's runs wait for a claim, which counts the cap.
+        await store.set_tenant_limit("capped", 5)
+        await parked(sql, worker.worker_id)
+        capped, _ = await service.submit("echo", {}, tenant="capped")
+        assert capped.status is RunStatus.PENDING
+        await wait_for_status(service, capped.id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == 0
+    assert (await service.get(other.id)).status is RunStatus.PENDING
+    assert (await service.get(delayed.id)).status is RunStatus.PENDING
+
+
+async def test_a_run_waiting_before_it_is_not_overtaken(
+    service: RunService, store: RunStore, settings: Settings, sql: Conn
+) -> None:
+    # A standing claim whose worker has not claimed the run already waiting
+    # (it became available after the worker's last claim): the new run
+    # waits behind it rather than jump the queue.
+    waiting, _ = await service.submit("echo", {"first": True})
+    stand(sql, "w-1", ["echo"])
+    later, _ = await service.submit("echo", {"first": False})
+    assert later.status is RunStatus.PENDING
+    assert standing_claims(sql) == [("w-1", None)]
+    # With nothing of its agent waiting, the next is pushed.
+    sql.execute("DELETE FROM runlane.runs")
+    pushed, _ = await service.submit("echo", {})
+    assert pushed.status is RunStatus.RUNNING and pushed.worker_id == "w-1"
+    assert waiting.status is RunStatus.PENDING
+
+
+async def test_parking_clears_the_claims_of_workers_long_gone(store: RunStore, sql: Conn) -> None:
+    for worker_id in ("gone", "recent"):
+        stand(sql, worker_id, None)
+    sql.execute(
+        "UPDATE runlane.standing_claims SET expires_at = now() - interval '2 minutes'"
+        " WHERE worker_id = 'gone'"
+    )
+    sql.execute(
+        "UPDATE runlane.standing_claims SET expires_at = now() - interval '10 seconds'"
+        " WHERE worker_id = 'recent'"
+    )
+    # A worker whose claim comes back short parks, and clears them.
+    await store.claim(ClaimSpec(worker_id="alive", limit=1, lease_seconds=30, park_seconds=60))
+    assert standing_claims(sql) == [("alive", None), ("recent", None)]
+
+
+async def test_an_expired_standing_claim_takes_no_run(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    stand(sql, "gone", None)
+    sql.execute("UPDATE runlane.standing_claims SET expires_at = now() - interval '1 second'")
+    run, _ = await service.submit("echo", {})
+    assert run.status is RunStatus.PENDING
+    assert standing_claims(sql) == [("gone", None)]
+
+
+async def test_a_run_pushed_to_a_worker_that_died_is_recovered(
+    service: RunService, store: RunStore, settings: Settings, sql: Conn
+) -> None:
+    # A worker parked and died before its claim expired: the run pushed to
+    # it is a claimed run of a dead worker; the reaper takes it back when
+    # the lease expires and another worker runs it as attempt 2.
+    stand(sql, "dead", ["echo"], lease_seconds=1.0)
+    run, _ = await service.submit("echo", {})
+    assert run.status is RunStatus.RUNNING and run.worker_id == "dead"
+    sql.execute("DELETE FROM runlane.standing_claims")
+    started: list[Any] = []
+    async with running_worker(echo_app(settings, started), settings):
+        done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
+    assert started == [(run.id, 2)]
+    outcomes = sql.execute(
+        "SELECT attempt, worker_id, outcome FROM runlane.run_attempts"
+        " WHERE run_id = %s ORDER BY attempt",
+        (run.id,),
+    ).fetchall()
+    assert outcomes[0] == (1, "dead", "lease_expired")
+    assert outcomes[1][0] == 2 and outcomes[1][2] == "completed"
+    assert done.attempts == 2
+
+
+async def test_unparking_finds_a_run_whose_notification_was_lost(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # The NOTIFY only hurries the worker: the claim that unparks answers
+    # the pushed run beside what it claims, and claims one run more when
+    # no submit took the standing claim (its slot is free again).
+    spec = ClaimSpec(
+        worker_id="w-1", limit=1, lease_seconds=30, agents=["echo"], unpark=True, park_seconds=60
+    )
+    assert await store.claim(ClaimSpec(**{**_fields(spec), "unpark": False})) == []
+    assert standing_claims(sql) == [("w-1", None)]
+    run, _ = await service.submit("echo", {"n": 1})
+    spare, _ = await service.submit("echo", {"n": 2})
+    assert run.status is RunStatus.RUNNING and spare.status is RunStatus.PENDING
+    claimed = await store.claim(spec)
+    assert sorted((c.run.id, c.pushed) for c in claimed) == sorted(
+        [(run.id, True), (spare.id, False)]
+    )
+    pushed = next(c for c in claimed if c.pushed)
+    assert pushed.lease_token == run.lease_token and pushed.run.status is RunStatus.RUNNING
+    # It took as many as it asked for: more may wait, so it did not park.
+    assert standing_claims(sql) == []
+    assert await store.claim(ClaimSpec(**{**_fields(spec), "unpark": False})) == []
+    assert standing_claims(sql) == [("w-1", None)]  # it came back short: parked
+    more = [(await service.submit("echo", {"n": i}))[0] for i in (3, 4)]
+    assert [r.status for r in more] == [RunStatus.RUNNING, RunStatus.PENDING]
+    # A stale push reads as nothing; a withdrawn claim answers its run.
+    assert await store.get_pushed_run(PushedRun(run.id, spare.id)) is None
+    found = await store.unpark("w-1")
+    assert found == PushedRun(more[0].id, more[0].lease_token)
+    fetched = await store.get_pushed_run(found)
+    assert fetched is not None and fetched.run == (await service.get(more[0].id))
+    assert await store.unpark("w-1") is None
+    # Unparked with nothing pushed: the claim takes the freed slot too.
+    stand(sql, "w-2", ["echo"])
+    extra = await store.claim(ClaimSpec(**{**_fields(spec), "worker_id": "w-2", "limit": 0}))
+    assert [(c.run.id, c.pushed) for c in extra] == [(more[1].id, False)]
+
+
+def _fields(spec: ClaimSpec) -> dict[str, Any]:
+    return {f: getattr(spec, f) for f in spec.__dataclass_fields__}
+
+
+async def test_no_push_without_notifications(db_url: str, sql: Conn, settings: Settings) -> None:
+    # A store that sends no NOTIFY pushes nothing: a pushed run's worker
+    # would hear of it only at its next poll.
+    from runlane.database import create_pool
+
+    pool = create_pool(db_url, min_size=1, max_size=2)
+    await pool.open()
+    try:
+        quiet = RunStore(pool, notify=False)
+        stand(sql, "w-1", None)
+        service = RunService(quiet, settings)
+        run, _ = await service.submit("echo", {})
+        assert run.status is RunStatus.PENDING
+    finally:
+        await pool.close()
+
+
+async def test_a_pushed_runs_notification_carries_the_run_as_stored(
+    service: RunService, sql: Conn, db_url: str
+) -> None:
+    # What the parked worker starts without reading it: the payload's run,
+    # field for field, is the run as stored; one too large for a NOTIFY
+    # is named only, and read.
+    import json
+
+    from runlane.models import Run
+
+    listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+    try:
+        await listener.execute("LISTEN runlane_push")
+        notices = listener.notifies(timeout=10)
+        stand(sql, "w-1", None)
+        run, _ = await service.submit(
+            "echo",
+            {"text": "héllo", "n": [1, 2.5, None], "nested": {"b": 1, "a": True}},
+            budget={"max_seconds": 60},
+            metadata={"source": "test"},
+        )
+        message = json.loads((await anext(notices)).payload)
+        assert message["worker_id"] == "w-1"
+        pushed = Run.from_json(message["run"])
+        assert pushed == await service.get(run.id) == run
+        assert 59 < message["deadline_in_seconds"] <= 60
+        stand(sql, "w-2", None)
+        big, _ = await service.submit("other", {"text": "x" * 9000})
+        message = json.loads((await anext(notices)).payload)
+        assert message == {
+            "worker_id": "w-2",
+            "run_id": str(big.id),
+            "lease_token": str(big.lease_token),
+        }
+    finally:
+        await listener.close()
+
+
+async def test_a_pushed_run_too_large_to_carry_is_read_and_run(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    started: list[Any] = []
+    async with running_worker(echo_app(settings, started), settings) as worker:
+        await parked(sql, worker.worker_id)
+        run, _ = await service.submit("echo", {"text": "x" * 9000})
+        assert run.status is RunStatus.RUNNING
+        done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == 1
+    assert done.output == {"echo": {"text": "x" * 9000}}
+    assert started == [(run.id, 1)]
