@@ -129,15 +129,17 @@ class ClaimSpec:
     park_seconds: float | None = None
 
     def params(self) -> dict[str, Any]:
-        return {
+        params: dict[str, Any] = {
             "worker_id": self.worker_id,
             "limit": self.limit,
             "lease_seconds": float(self.lease_seconds),
             "agents": list(self.agents) if self.agents is not None else None,
             "aging_seconds": float(self.aging_seconds),
-            "unpark": self.unpark,
-            "park_seconds": None if self.park_seconds is None else float(self.park_seconds),
         }
+        if self.unpark or self.park_seconds is not None:
+            params["unpark"] = self.unpark
+            params["park_seconds"] = None if self.park_seconds is None else float(self.park_seconds)
+        return params
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +354,12 @@ class RunStore:
         """Sends the claim on ``conn``; its cursor answers the claimed runs
         (at once, or in a pipeline once the pipeline has synced)."""
         cur = conn.cursor(row_factory=_claimed_run_row)
-        await cur.execute(self._sql["claim_batch"], spec.params(), prepare=_prepare("claim_batch"))
+        if spec.unpark or spec.park_seconds is not None:
+            await cur.execute(self._sql["claim_or_park"], spec.params())
+        else:
+            await cur.execute(
+                self._sql["claim_batch"], spec.params(), prepare=_prepare("claim_batch")
+            )
         return cur
 
     async def set_tenant_limit(self, tenant: str, max_running: int | None) -> None:

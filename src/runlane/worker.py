@@ -317,7 +317,11 @@ class Worker:
             free = self._free_slots()
             if (free > 0 or unpark) and self._lane_outcomes_pending == 0:
                 want = min(max(free, 0), self.batch_size)
-                park = self._may_park()
+                # Parking is for a drained queue: not while runs may be
+                # waiting (a full claim, or NOTIFYs since), when the claim
+                # is the plain one and a standing claim would only be
+                # withdrawn again at the next.
+                park = self._may_park() and not self._backlog
                 spec = ClaimSpec(
                     worker_id=self.worker_id,
                     limit=want,

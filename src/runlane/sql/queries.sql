@@ -123,10 +123,18 @@ LIMIT %(limit)s;
 -- Claims up to `limit` runs (of `agents`, or any agent when NULL) in one
 -- short transaction: highest effective priority first (priority, aged by
 -- waiting time), then available_at, then submission order; tenant caps
--- respected. See runlane.claim_runs in the migrations. With `unpark`, the
--- worker's standing claim is withdrawn first and the run a submit gave it
--- comes back too (by_push); with `park_seconds`, a claim that came back
--- short parks the worker (runlane.claim_or_park, migration 0025).
+-- respected. See runlane.claim_runs in the migrations.
+SELECT c.*,
+       extract(epoch FROM c.deadline_at - now())::double precision AS deadline_in_seconds
+FROM runlane.claim_runs(%(worker_id)s, %(agents)s::text[], %(limit)s,
+                        %(lease_seconds)s, %(aging_seconds)s) AS c
+ORDER BY c.priority DESC, c.available_at, c.seq;
+
+-- name: claim_or_park
+-- claim_batch for a worker that may park or is parked: with `unpark`, its
+-- standing claim is withdrawn first and the run a submit gave it comes
+-- back too (by_push); with `park_seconds`, a claim that came back short
+-- parks it (runlane.claim_or_park, migration 0025).
 SELECT (c.claimed).*, c.by_push,
        extract(epoch FROM (c.claimed).deadline_at - now())::double precision
            AS deadline_in_seconds
