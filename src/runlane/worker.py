@@ -597,6 +597,7 @@ class Worker:
             message = json.loads(payload)
             if message["worker_id"] != self.worker_id:
                 return
+            self.metrics.wakeups.labels(source="push").inc()
             if "run" in message:
                 run = Run.from_json(message["run"])
                 if run.lease_token is None:

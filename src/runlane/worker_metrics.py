@@ -51,7 +51,10 @@ class WorkerMetrics:
         )
         self.wakeups = Counter(
             "runlane_worker_wakeups",
-            "Claim loop wake-ups, by what woke it: notify, poll or slot (a run ended).",
+            (
+                "Wake-ups, by what woke the worker: notify, poll, slot (a run"
+                " ended) or push (a submit handed it a run)."
+            ),
             ["source"],
             registry=r,
         )

@@ -774,6 +774,13 @@ async def test_a_long_lived_api_connections_direct_submits_keep_index_plans(
     pushed, _ = await service.submit("c", {"i": 13})  # nothing of c waits
     assert pushed.status is RunStatus.RUNNING
     assert await pool_rows_read(one_connection_pool, tables) - before < 100
+    # A repeated idempotency key answers the run it made, by its index.
+    keyed, created = await service.submit("a", {"i": 14}, idempotency_key="k-1")
+    assert created
+    before = await pool_rows_read(one_connection_pool, tables)
+    again, created = await service.submit("a", {"i": 14}, idempotency_key="k-1")
+    assert not created and again.id == keyed.id
+    assert await pool_rows_read(one_connection_pool, tables) - before < 100
 
 
 async def test_a_long_lived_api_connections_request_reads_keep_index_plans(

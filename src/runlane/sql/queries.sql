@@ -70,9 +70,9 @@ WITH standing AS (
 )
 SELECT inserted.*, true AS created, (SELECT count(*) FROM notified) AS notified FROM inserted
 UNION ALL
-SELECT runs.*, false AS created, 0 AS notified FROM runlane.runs
-WHERE NOT EXISTS (SELECT 1 FROM inserted)
-  AND tenant = %(tenant)s AND user_id = %(user_id)s AND idempotency_key = %(idempotency_key)s;
+SELECT k.*, false AS created, 0 AS notified
+FROM runlane.run_by_idempotency_key(%(tenant)s, %(user_id)s, %(idempotency_key)s) AS k
+WHERE NOT EXISTS (SELECT 1 FROM inserted);
 
 -- name: get_runs
 SELECT r.*, q.request_id AS client_request_id

@@ -9,8 +9,8 @@
 -- lease". A submit that can run at once takes a parked worker's row (FOR
 -- UPDATE SKIP LOCKED), inserts the run already claimed by that worker
 -- (running, its lease and its first attempt row, exactly what a claim
--- writes) and sends the worker its id on runlane_push. The worker fetches
--- the run, a read, and starts it.
+-- writes) and sends it on runlane_push to that worker, which starts it
+-- without a claim of its own (insert_run in queries.sql).
 --
 -- The row is the worker's reservation of one slot. The submit does not
 -- delete it but writes the run's id into it, so that a worker whose
@@ -130,4 +130,19 @@ BEGIN
         FOR UPDATE SKIP LOCKED)
     RETURNING s.worker_id, s.run_id, s.lease_token, s.lease_seconds;
 END;
+$$;
+
+-- The run an idempotency key already made (insert_run's second branch,
+-- which runs when the key repeats). Its plan is pinned to the key's
+-- unique index: in insert_run itself, a plan kept for a connection and
+-- made while runs held a few rows read every run to find the one.
+CREATE FUNCTION runlane.run_by_idempotency_key(p_tenant text, p_user_id text, p_key text)
+RETURNS SETOF runlane.runs
+LANGUAGE sql STABLE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+    SELECT * FROM runlane.runs
+    WHERE tenant = p_tenant AND user_id = p_user_id AND idempotency_key = p_key;
 $$;
