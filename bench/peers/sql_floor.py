@@ -87,19 +87,20 @@ def spawn_worker(url: str, concurrency: int, *, mode: str = "stamp") -> Proc:
     )
 
 
-async def _probe(url: str, n: int, gap: float) -> None:
-    """Submits n jobs one at a time, each carrying time.time() taken just
-    before the call, one every ``gap`` seconds (open loop)."""
+async def _probe(url: str, n: int, gap: float, submit: str) -> None:
+    """Submits n jobs one at a time with ``submit``, each carrying
+    time.time() taken just before the call, one every ``gap`` seconds
+    (open loop)."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         next_at = time.monotonic()
         for _ in range(n):
-            await conn.execute(SUBMIT, (time.time(),), prepare=True)
+            await conn.execute(submit, (time.time(),), prepare=True)
             next_at += gap
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
-def probe(url: str, n: int, gap: float) -> None:
-    asyncio.run(_probe(url, n, gap))
+def probe(url: str, n: int, gap: float, *, submit: str = SUBMIT) -> None:
+    asyncio.run(_probe(url, n, gap, submit))
 
 
 async def _serve(url: str, concurrency: int) -> None:

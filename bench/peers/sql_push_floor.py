@@ -96,18 +96,9 @@ def spawn_worker(url: str, concurrency: int, *, mode: str = "stamp") -> Proc:
     )
 
 
-async def _probe(url: str, n: int, gap: float) -> None:
-    """As sql_floor's probe, through the pushing submit."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        next_at = time.monotonic()
-        for _ in range(n):
-            await conn.execute(SUBMIT, (time.time(),), prepare=True)
-            next_at += gap
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-
 def probe(url: str, n: int, gap: float) -> None:
-    asyncio.run(_probe(url, n, gap))
+    """sql_floor's probe, through the pushing submit."""
+    sql_floor.probe(url, n, gap, submit=SUBMIT)
 
 
 async def _serve(url: str, concurrency: int) -> None:
