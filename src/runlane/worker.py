@@ -346,9 +346,13 @@ class Worker:
                         batch = await self.store.claim(spec)
                 except Exception as exc:
                     self.claim_failures += 1
-                    # Whether the standing claim was withdrawn is unknown:
-                    # the next claim withdraws it again.
+                    # Whether the standing claim was withdrawn, or left
+                    # anew, is unknown: the next claim withdraws it. A run
+                    # pushed to a claim this one left began its lease after
+                    # sent_at; to one left before, after the older instant.
                     self._parked = unpark or park
+                    if park and not unpark:
+                        self._parked_sent_at = sent_at
                     # The claim loop must outlive any error: a dead loop
                     # leaves a process that looks alive and claims nothing.
                     if isinstance(exc, TRANSIENT_ERRORS):
