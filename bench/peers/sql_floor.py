@@ -27,6 +27,7 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psycopg
@@ -146,14 +147,19 @@ async def _serve(url: str, concurrency: int) -> None:
         print(json.dumps({"latencies": latencies}), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.peers.sql_floor")
+def serve_command(prog: str, serve: Callable[[str, int], Coroutine[Any, Any, None]]) -> None:
+    """``prog serve --url URL --concurrency N``: a floor's worker process."""
+    parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve")
-    serve.add_argument("--url", required=True)
-    serve.add_argument("--concurrency", type=int, default=10)
+    serving = sub.add_parser("serve")
+    serving.add_argument("--url", required=True)
+    serving.add_argument("--concurrency", type=int, default=10)
     args = parser.parse_args()
-    asyncio.run(_serve(args.url, args.concurrency))
+    asyncio.run(serve(args.url, args.concurrency))
+
+
+def main() -> None:
+    serve_command("python -m bench.peers.sql_floor", _serve)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ what runlane's own statements add to sql_floor's (bench.wakeup_statements).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -179,13 +178,7 @@ async def _serve(url: str, concurrency: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.peers.sql_push_floor")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve")
-    serve.add_argument("--url", required=True)
-    serve.add_argument("--concurrency", type=int, default=10)
-    args = parser.parse_args()
-    asyncio.run(_serve(args.url, args.concurrency))
+    sql_floor.serve_command("python -m bench.peers.sql_push_floor", _serve)
 
 
 if __name__ == "__main__":

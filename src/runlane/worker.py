@@ -364,7 +364,8 @@ class Worker:
                     continue
                 finally:
                     self._reserved -= held
-                pushed = sum(1 for claimed in batch if claimed.pushed)
+                # Only an unparking claim can answer a pushed run.
+                pushed = sum(1 for claimed in batch if claimed.pushed) if unpark else 0
                 asked = want + (1 if unpark and not pushed else 0)
                 claimed_now = len(batch) - pushed
                 self._backlog = claimed_now == asked or self._notifies != notifies
