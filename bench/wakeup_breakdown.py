@@ -1,15 +1,23 @@
-"""Where an idle worker's wake-up time goes: submit → NOTIFY → claim →
-handler, with timestamps taken inside the worker process.
+"""Where an idle worker's wake-up time goes, with timestamps taken inside
+the worker process.
 
-    python -m bench.wakeup_breakdown [--n 300] [--src OTHER_CHECKOUT/src] [--tag _base]
+    python -m bench.wakeup_breakdown [--n 300] [--gap-ms 20] [--src OTHER/src] [--tag _base]
 
 A worker (concurrency 10) runs with its ``Listener`` handler and
-``RunStore.claim_batch`` wrapped to stamp ``time.time()`` when the wake-up
-NOTIFY arrives and when the claim is sent and answered; the handler stamps
-its start. This process submits ``--n`` runs through ``RunService.submit``,
-one every 20 ms, stamping before and after each call. ``--src`` runs the
-worker of another checkout (a before/after comparison). Results:
-``bench/results/wakeup_breakdown{tag}.json``.
+``RunStore.claim`` wrapped to stamp ``time.time()`` when a NOTIFY
+arrives and when a claim is sent and answered; the handler stamps its
+start. This process submits ``--n`` runs through ``RunService.submit``,
+one every ``--gap-ms`` (20 ms), stamping before and after each call. An idle worker's
+runs arrive one of two ways, reported apart:
+
+- pushed (standing claims, migration 0025): the submit claims the run for
+  the parked worker and its ``runlane_push`` NOTIFY carries it: submit →
+  push received → handler start;
+- claimed (the pull path, or a worker that was not parked): submit →
+  ``runlane_wakeup`` received → claim sent → claim answered → handler.
+
+``--src`` runs the worker of another checkout (a before/after
+comparison). Results: ``bench/results/wakeup_breakdown{tag}.json``.
 """
 
 from __future__ import annotations
@@ -17,10 +25,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import AGENT, ROOT, bench_database, latency_summary, print_table, write_results
@@ -44,17 +54,22 @@ async def serve(url: str) -> None:
     on_notify = worker._on_notify
 
     def stamped(channel: str, payload: str) -> None:
+        now = time.time()
         if channel == "runlane_wakeup":
-            last_notify[0] = time.time()
+            last_notify[0] = now
+        elif channel == "runlane_push":
+            run = json.loads(payload).get("run")
+            if run is not None:
+                marks.setdefault(str(run["id"]), {})["push"] = now
         on_notify(channel, payload)
 
     assert worker.listener is not None
     worker.listener._handler = stamped
-    claim = worker.store.claim_batch
+    claim = worker.store.claim
 
-    async def stamped_claim(**kwargs: Any) -> Any:
+    async def stamped_claim(spec: Any) -> Any:
         sent = time.time()
-        rows = await claim(**kwargs)
+        rows = await claim(spec)
         done = time.time()
         for c in rows:
             marks.setdefault(str(c.run.id), {}).update(
@@ -62,7 +77,7 @@ async def serve(url: str) -> None:
             )
         return rows
 
-    worker.store.claim_batch = stamped_claim  # type: ignore[method-assign]
+    worker.store.claim = stamped_claim  # type: ignore[method-assign]
     await worker.start()
     await asyncio.wait_for(worker.listener.connected.wait(), 30)
     print("ready", flush=True)
@@ -97,67 +112,115 @@ async def submit(url: str, n: int, gap: float) -> dict[str, tuple[float, float]]
     return stamps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.wakeup_breakdown")
-    parser.add_argument("--n", type=int, default=300)
-    parser.add_argument("--src", default=None, help="another checkout's src/ for the worker")
-    parser.add_argument("--tag", default="")
-    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        asyncio.run(serve(args.serve))
-        return
+def run(
+    n: int,
+    gap_ms: float = 20.0,
+    *,
+    src: str | None = None,
+    tag: str = "",
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
     with bench_database("wakeup_breakdown") as url:
-        env_path = f"{ROOT}:{args.src or ROOT / 'src'}"
+        env_path = f"{ROOT}:{src or ROOT / 'src'}"
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.wakeup_breakdown", "--serve", url],
             stdout=subprocess.PIPE,
             text=True,
             cwd=str(ROOT),
-            env={**__import__("os").environ, "PYTHONPATH": env_path},
+            env={**os.environ, "PYTHONPATH": env_path},
         )
         assert proc.stdout is not None
         try:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("the worker did not start")
             time.sleep(1.0)
-            stamps = asyncio.run(submit(url, args.n, 0.02))
+            stamps = asyncio.run(submit(url, n, gap_ms / 1000.0))
             time.sleep(1.0)
         finally:
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=30)
     marks = json.loads(out.strip().splitlines()[-1])
-    parts: dict[str, list[float]] = {
-        "submit call (INSERT + NOTIFY + commit)": [],
-        "submit start -> NOTIFY received": [],
-        "NOTIFY received -> claim sent": [],
-        "claim round trip": [],
-        "claim answered -> handler start": [],
-        "submit start -> handler start": [],
+    pushed_parts: dict[str, list[float]] = {
+        "pushed: submit call (INSERT + claim + NOTIFY + commit)": [],
+        "pushed: submit start -> push received": [],
+        "pushed: push received -> handler start": [],
+        "pushed: submit start -> handler start": [],
+    }
+    claimed_parts: dict[str, list[float]] = {
+        "claimed: submit call (INSERT + NOTIFY + commit)": [],
+        "claimed: submit start -> NOTIFY received": [],
+        "claimed: NOTIFY received -> claim sent": [],
+        "claimed: claim round trip": [],
+        "claimed: claim answered -> handler start": [],
+        "claimed: submit start -> handler start": [],
     }
     for run_id, (before, after) in stamps.items():
         m = marks.get(run_id)
-        if not m or "claim_sent" not in m or "handler" not in m:
+        if not m or "handler" not in m:
             continue
-        values = [
-            after - before,
-            m["notify"] - before,
-            m["claim_sent"] - m["notify"],
-            m["claim_done"] - m["claim_sent"],
-            m["handler"] - m["claim_done"],
-            m["handler"] - before,
-        ]
-        for key, value in zip(parts, values, strict=True):
-            parts[key].append(value)
+        if "push" in m:
+            into, values = (
+                pushed_parts,
+                [
+                    after - before,
+                    m["push"] - before,
+                    m["handler"] - m["push"],
+                    m["handler"] - before,
+                ],
+            )
+        elif "claim_sent" in m:
+            into, values = (
+                claimed_parts,
+                [
+                    after - before,
+                    m["notify"] - before,
+                    m["claim_sent"] - m["notify"],
+                    m["claim_done"] - m["claim_sent"],
+                    m["handler"] - m["claim_done"],
+                    m["handler"] - before,
+                ],
+            )
+        else:
+            continue
+        for key, value in zip(into, values, strict=True):
+            into[key].append(value)
+    counts = {
+        "pushed": len(pushed_parts[next(iter(pushed_parts))]),
+        "claimed": len(claimed_parts[next(iter(claimed_parts))]),
+    }
+    parts = {k: v for k, v in {**pushed_parts, **claimed_parts}.items() if v}
     summary = {key: latency_summary(values) for key, values in parts.items()}
+    print(f"runs pushed: {counts['pushed']}, claimed: {counts['claimed']}")
     table = print_table(
         ["part", "p50 ms", "p90 ms", "p99 ms"],
         [[k, v["p50_ms"], v["p90_ms"], v["p99_ms"]] for k, v in summary.items()],
     )
-    write_results(
-        f"wakeup_breakdown{args.tag}",
-        {"n": args.n, "worker_src": args.src or "this checkout", "parts": summary, "table": table},
-    )
+    data = {
+        "n": n,
+        "gap_ms": gap_ms,
+        "worker_src": src or "this checkout",
+        "runs": counts,
+        "parts": summary,
+        "table": table,
+    }
+    path = write_results(f"wakeup_breakdown{tag}", data, out_dir=out_dir)
+    print(f"results: {path}")
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.wakeup_breakdown")
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--gap-ms", type=float, default=20.0, help="quiet before each submit")
+    parser.add_argument("--src", default=None, help="another checkout's src/ for the worker")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve))
+        return
+    run(args.n, args.gap_ms, src=args.src, tag=args.tag, out_dir=args.out_dir)
 
 
 if __name__ == "__main__":

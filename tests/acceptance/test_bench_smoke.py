@@ -23,6 +23,7 @@ from bench import (
     intake_latency,
     throughput,
     wakeup,
+    wakeup_breakdown,
     wakeup_statements,
     worker_cpu,
 )
@@ -83,6 +84,17 @@ def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
         wakeup_statements.KINDS, 3
     )
     assert (tmp_path / "wakeup_statements_sync_off.json").exists()
+
+
+def test_wakeup_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Every submitted run's handler start is stamped and counted as pushed
+    # or claimed; with 20 ms between submits an idle worker is parked
+    # before most of them arrive, so pushes are measured too.
+    data = wakeup_breakdown.run(10, 20.0, out_dir=tmp_path)
+    assert data["runs"]["pushed"] + data["runs"]["claimed"] == 10
+    assert data["runs"]["pushed"] >= 5
+    assert "pushed: submit start -> handler start" in data["parts"]
+    assert (tmp_path / "wakeup_breakdown_sync_off.json").exists()
 
 
 def test_intake_latency_smoke(bench_env: str, tmp_path: Path) -> None:
