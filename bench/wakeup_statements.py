@@ -1,11 +1,13 @@
-"""The two statements on an idle worker's wake-up path, runlane's against
-bare SQL's, each sent after the same pause.
+"""The statements on an idle worker's wake-up path, runlane's against bare
+SQL's, each sent after the same pause.
 
     python -m bench.wakeup_statements [--n 300] [--gap-ms 20] [--tag _s12]
 
-Figure 2's wake-up is, in the database, two committed statements: the
-submit (an INSERT with its NOTIFY) and the worker's claim. This measures
-each on its own, from one client connection per statement kind, as the
+Figure 2's wake-up is, in the database, one committed statement when the
+worker is parked (standing claims: the submit claims the run for it and
+its NOTIFY carries the run), and two on the pull path (the submit, an
+INSERT with its NOTIFY, then the worker's claim). This measures each on
+its own, from one client connection per statement kind, as the
 round trip of one execution after ``--gap-ms`` of quiet (what an idle
 worker sees; back to back, a round trip costs a fraction of it):
 
@@ -14,6 +16,12 @@ worker sees; back to back, a round trip costs a fraction of it):
   ``RunService.submit`` sends it (a new run, no idempotency key);
 - ``floor submit``: bench.peers.sql_floor's INSERT of a narrow row with its
   NOTIFY;
+- ``runlane push submit``: the same ``insert_run`` with a worker parked
+  for its agent (its standing claim written before the pause, untimed):
+  the submit takes the claim and inserts the run running, with its
+  attempt row and the ``runlane_push`` NOTIFY carrying it;
+- ``push-floor submit``: bench.peers.sql_push_floor's submit with a worker
+  parked (its row written before the pause);
 - ``runlane claim``: the store's ``claim_batch`` query (limit 10, one
   agent) with one pending run waiting;
 - ``floor claim``: sql_floor's claiming UPDATE with one unclaimed row.
@@ -37,12 +45,29 @@ from typing import Any
 import psycopg
 
 from bench.common import AGENT, bench_database, latency_summary, print_table, write_results
-from bench.peers import sql_floor
+from bench.peers import sql_floor, sql_push_floor
 
 # The timed submits' runs: an agent the timed claims never take.
 SUBMIT_ONLY_AGENT = "bench-submit-only"
+# The pushing submits' runs: an agent with no run ever waiting (a run
+# waiting for the agent would be claimed first, and no push happen).
+PUSH_ONLY_AGENT = "bench-push-only"
 # Measured kinds, in the order the table lists them.
-KINDS = ["select 1", "runlane submit", "floor submit", "runlane claim", "floor claim"]
+KINDS = [
+    "select 1",
+    "runlane submit",
+    "floor submit",
+    "runlane push submit",
+    "push-floor submit",
+    "runlane claim",
+    "floor claim",
+]
+# Each of runlane's statements beside the bare-SQL statement it is compared with.
+FLOOR_OF = {
+    "runlane submit": "floor submit",
+    "runlane push submit": "push-floor submit",
+    "runlane claim": "floor claim",
+}
 
 
 def _submit_params(agent: str) -> dict[str, Any]:
@@ -50,6 +75,19 @@ def _submit_params(agent: str) -> dict[str, Any]:
     from runlane.store import NewRun
 
     return NewRun(agent=agent, input={"n": 1}, max_attempts=3).params(notify=True)
+
+
+def _park_params(worker_id: str) -> dict[str, Any]:
+    # What an idle worker of the pushing submits' agent sends to park.
+    from runlane.store import ClaimSpec
+
+    return ClaimSpec(
+        worker_id=worker_id,
+        limit=10,
+        lease_seconds=30.0,
+        agents=[PUSH_ONLY_AGENT],
+        park_seconds=60.0,
+    ).params()
 
 
 def _claim_params(worker_id: str) -> dict[str, Any]:
@@ -64,8 +102,9 @@ def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
 
     sql = named_queries()
     worker_id = f"bench-{uuid.uuid4().hex[:8]}"
+    parked_worker_id = f"bench-parked-{uuid.uuid4().hex[:8]}"
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    sql_floor.setup(url)
+    sql_push_floor.setup(url)
     with (
         psycopg.connect(url, autocommit=True) as submitter,
         psycopg.connect(url, autocommit=True) as claimer,
@@ -74,13 +113,25 @@ def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
         psycopg.connect(url, autocommit=True) as listener,
     ):
         listener.execute("LISTEN runlane_wakeup")
+        listener.execute("LISTEN runlane_push")
         listener.execute(f"LISTEN {sql_floor.CHANNEL}")
+        listener.execute(f"LISTEN {sql_push_floor.PUSH_CHANNEL}")
 
         def feed_runlane() -> None:
             feeder.execute(sql["insert_run"], _submit_params(AGENT), prepare=True).fetchall()
 
         def feed_floor() -> None:
             feeder.execute(sql_floor.SUBMIT, (time.time(),), prepare=True).fetchall()
+
+        def park_runlane() -> None:
+            # A parked worker's claim (nothing pending for its agent, so
+            # it parks), as the worker sends it.
+            feeder.execute(
+                sql["claim_or_park"], _park_params(parked_worker_id), prepare=True
+            ).fetchall()
+
+        def park_floor() -> None:
+            feeder.execute(sql_push_floor.PARK, (parked_worker_id,), prepare=True)
 
         steps: dict[str, tuple[Callable[[], None] | None, Callable[[], Any]]] = {
             "select 1": (None, lambda: submitter.execute("SELECT 1", prepare=True).fetchall()),
@@ -94,6 +145,18 @@ def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
                 None,
                 lambda: submitter.execute(
                     sql_floor.SUBMIT, (time.time(),), prepare=True
+                ).fetchall(),
+            ),
+            "runlane push submit": (
+                park_runlane,
+                lambda: submitter.execute(
+                    sql["insert_run"], _submit_params(PUSH_ONLY_AGENT), prepare=True
+                ).fetchall(),
+            ),
+            "push-floor submit": (
+                park_floor,
+                lambda: submitter.execute(
+                    sql_push_floor.SUBMIT, (time.time(),), prepare=True
                 ).fetchall(),
             ),
             "runlane claim": (
@@ -122,13 +185,21 @@ def measure(url: str, n: int, gap: float) -> dict[str, list[float]]:
                 if kind.endswith("claim") and len(rows) != 1:
                     raise RuntimeError(f"{kind} claimed {len(rows)} rows, not 1")
                 samples[kind].append(elapsed)
-                if kind == "floor submit":
+                if kind in ("floor submit", "push-floor submit"):
                     # Out of the floor claim's way (runlane's submits
                     # are for an agent its claim does not take).
                     feeder.execute("DELETE FROM sql_floor_jobs WHERE NOT claimed")
             # Drain the listener's socket, off the clock.
             for _ in listener.notifies(timeout=0):
                 pass
+        # Every pushing submit found its standing claim: none of its runs
+        # waits pending.
+        waiting = feeder.execute(
+            "SELECT count(*) FROM runlane.runs WHERE agent = %s AND status <> 'running'",
+            (PUSH_ONLY_AGENT,),
+        ).fetchone()
+        if waiting is None or waiting[0] != 0:
+            raise RuntimeError(f"{waiting} pushing submits found no standing claim")
     return samples
 
 
@@ -136,7 +207,6 @@ def run(n: int, gap_ms: float, *, tag: str = "", out_dir: Path | None = None) ->
     with bench_database("wakeup_statements") as url:
         samples = measure(url, n, gap_ms / 1000.0)
     summary = {kind: latency_summary(values) for kind, values in samples.items()}
-    floor = {"submit": summary["floor submit"], "claim": summary["floor claim"]}
     table = print_table(
         ["statement", "p50 ms", "p90 ms", "p99 ms", "p50 over floor ms"],
         [
@@ -145,9 +215,7 @@ def run(n: int, gap_ms: float, *, tag: str = "", out_dir: Path | None = None) ->
                 v["p50_ms"],
                 v["p90_ms"],
                 v["p99_ms"],
-                v["p50_ms"] - floor[kind.split()[1]]["p50_ms"]
-                if kind.startswith("runlane")
-                else "",
+                v["p50_ms"] - summary[FLOOR_OF[kind]]["p50_ms"] if kind in FLOOR_OF else "",
             ]
             for kind, v in summary.items()
         ],
