@@ -60,7 +60,11 @@ async def serve(url: str) -> None:
         elif channel == "runlane_push":
             run = json.loads(payload).get("run")
             if run is not None:
-                marks.setdefault(str(run["id"]), {})["push"] = now
+                mark = marks.setdefault(str(run["id"]), {})
+                mark["push"] = now
+                on_notify(channel, payload)
+                mark["taken"] = time.time()
+                return
         on_notify(channel, payload)
 
     assert worker.listener is not None
@@ -143,7 +147,8 @@ def run(
     pushed_parts: dict[str, list[float]] = {
         "pushed: submit call (INSERT + claim + NOTIFY + commit)": [],
         "pushed: submit start -> push received": [],
-        "pushed: push received -> handler start": [],
+        "pushed: push received -> run taken (decoded, task made)": [],
+        "pushed: run taken -> handler start": [],
         "pushed: submit start -> handler start": [],
     }
     claimed_parts: dict[str, list[float]] = {
@@ -164,7 +169,8 @@ def run(
                 [
                     after - before,
                     m["push"] - before,
-                    m["handler"] - m["push"],
+                    m["taken"] - m["push"],
+                    m["handler"] - m["taken"],
                     m["handler"] - before,
                 ],
             )

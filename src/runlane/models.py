@@ -147,7 +147,7 @@ class Run:
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Run:
-        """A run from its row as PostgreSQL's ``to_jsonb`` writes it (what a
+        """A run from its row as PostgreSQL's ``to_json`` writes it (what a
         pushed run's NOTIFY carries): ids and times as text, jsonb columns
         as the JSON they hold, as psycopg would have decoded them."""
         values = dict(row)
@@ -160,7 +160,7 @@ class Run:
         return cls.from_row(values)
 
 
-# The fields of Run that to_jsonb writes as text (see Run.from_json).
+# The fields of Run that to_json writes as text (see Run.from_json).
 _UUID_FIELDS = ("id", "lease_token", "request_id", "resumed_from")
 _DATETIME_FIELDS = (
     "available_at",

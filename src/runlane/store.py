@@ -50,9 +50,15 @@ class NewRun:
     idempotency_key: str | None = None
     metadata: dict[str, Any] | None = None
 
+    @property
+    def query(self) -> str:
+        """The named query that inserts it: a run with no idempotency key
+        may go to a parked worker, one with a key may find its earlier run."""
+        return "insert_run" if self.idempotency_key is None else "insert_run_with_key"
+
     def params(self, *, notify: bool) -> dict[str, Any]:
-        """The ``insert_run`` query's parameters; ``notify``: whether a run
-        available now sends the wake-up NOTIFY."""
+        """The parameters of its query (``query``); ``notify``: whether a
+        run available now sends the wake-up NOTIFY."""
         return {
             "tenant": self.tenant,
             "user_id": self.user_id,
@@ -201,10 +207,10 @@ class RunStore:
         # statement's snapshot: then neither branch sees a row, and a second
         # try (new snapshot) finds it.
         for _ in range(3):
-            row = await self._fetch_one("insert_run", params)
+            row = await self._fetch_one(new.query, params)
             if row is not None:
                 return Run.from_row(row), bool(row["created"])
-        raise RuntimeError("insert_run found neither a new nor an existing run")
+        raise RuntimeError(f"{new.query} found neither a new nor an existing run")
 
     async def get_run(self, run_id: UUID) -> Run | None:
         row = await self._fetch_one("get_run", {"run_id": run_id})

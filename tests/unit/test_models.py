@@ -10,7 +10,7 @@ from runlane import models
 
 
 def test_run_from_json_converts_every_uuid_and_time_field() -> None:
-    # Run.from_json turns to_jsonb's text back into the types psycopg
+    # Run.from_json turns to_json's text back into the types psycopg
     # gives: every UUID and datetime field of Run must be listed.
     hints = typing.get_type_hints(models.Run)
 

@@ -12,28 +12,26 @@
 -- tests/integration/test_query_plans.py).
 
 -- name: insert_run
--- Inserts a run, or returns the existing one for the same idempotency key.
+-- Inserts a run that has no idempotency key (insert_run_with_key has).
 -- A run that can start now goes straight to a parked worker when there is
 -- one (its standing claim, migration 0025): inserted running, with that
 -- worker's lease and its first attempt row, as a claim would write them,
--- and runlane_push tells the worker. Only a run with no idempotency key
--- (a key's conflict would drop the row after the claim was taken), no
--- delay, of a tenant without a cap, and with no run of its agent already
--- waiting (which the next claim must take first); else it waits pending
--- and runlane_wakeup wakes the workers.
+-- and runlane_push tells the worker. Only a run with no delay, of a
+-- tenant without a cap, and with no run of its agent already waiting
+-- (which the next claim must take first); else it waits pending and
+-- runlane_wakeup wakes the workers.
 WITH standing AS (
     SELECT * FROM runlane.take_standing_claim(
-        %(tenant)s, %(agent)s,
-        %(notify)s AND %(idempotency_key)s::text IS NULL AND %(delay_seconds)s <= 0)
+        %(tenant)s, %(agent)s, %(notify)s AND %(delay_seconds)s <= 0)
 ), inserted AS (
     INSERT INTO runlane.runs (id, tenant, user_id, agent, input, priority, available_at,
-                              max_attempts, budget, idempotency_key, metadata,
+                              max_attempts, budget, metadata,
                               status, attempts, claim_count, lease_token, lease_expires_at,
                               worker_id, started_at, deadline_at)
     SELECT coalesce(s.run_id, gen_random_uuid()), %(tenant)s, %(user_id)s, %(agent)s,
            %(input)s, %(priority)s,
            now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
-           %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s,
+           %(max_attempts)s, %(budget)s, %(metadata)s,
            CASE WHEN s.run_id IS NULL THEN 'pending' ELSE 'running' END,
            CASE WHEN s.run_id IS NULL THEN 0 ELSE 1 END,
            CASE WHEN s.run_id IS NULL THEN 0 ELSE 1 END,
@@ -44,8 +42,6 @@ WITH standing AS (
            CASE WHEN s.run_id IS NOT NULL THEN now() + make_interval(secs =>
                least((%(budget)s::jsonb ->> 'max_seconds')::double precision, 31536000)) END
     FROM (VALUES (1)) AS one (x) LEFT JOIN standing AS s ON true
-    ON CONFLICT (tenant, user_id, idempotency_key) WHERE idempotency_key IS NOT NULL
-    DO NOTHING
     RETURNING *
 ), first_attempt AS (
     INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
@@ -53,19 +49,43 @@ WITH standing AS (
 ), notified AS (
     -- A pushed run's NOTIFY carries the run as the claim answers it, so
     -- that its worker starts it without reading it first; a run too large
-    -- for a NOTIFY payload (8,000 bytes) is named only, and read.
+    -- for a NOTIFY payload (8,000 bytes) is named only, and read. Written
+    -- as json text (to_json), not built as jsonb first: the payload is
+    -- only ever text, and building it is on every pushed run's wake-up.
     SELECT CASE WHEN i.lease_token IS NULL THEN pg_notify('runlane_wakeup', i.agent)
                 WHEN octet_length(p.whole) <= 7900 THEN pg_notify('runlane_push', p.whole)
-                ELSE pg_notify('runlane_push', jsonb_build_object(
+                ELSE pg_notify('runlane_push', json_build_object(
                     'worker_id', i.worker_id, 'run_id', i.id, 'lease_token', i.lease_token)::text)
            END
     FROM inserted AS i
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN i.lease_token IS NOT NULL THEN jsonb_build_object(
+        SELECT CASE WHEN i.lease_token IS NOT NULL THEN json_build_object(
             'worker_id', i.worker_id,
-            'run', to_jsonb(i),
+            'run', to_json(i),
             'deadline_in_seconds', extract(epoch FROM i.deadline_at - now()))::text END
     ) AS p (whole)
+    WHERE %(notify)s AND i.available_at <= now()
+)
+SELECT inserted.*, true AS created, (SELECT count(*) FROM notified) AS notified FROM inserted;
+
+-- name: insert_run_with_key
+-- Inserts a run with an idempotency key, or returns the run the key
+-- already made in the tenant for the user. Such a run is never pushed to
+-- a parked worker (a key's conflict drops the row, which a standing claim
+-- could not give back): it waits pending and runlane_wakeup wakes the
+-- workers when it is available now.
+WITH inserted AS (
+    INSERT INTO runlane.runs (tenant, user_id, agent, input, priority, available_at,
+                              max_attempts, budget, idempotency_key, metadata)
+    VALUES (%(tenant)s, %(user_id)s, %(agent)s, %(input)s, %(priority)s,
+            now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
+            %(max_attempts)s, %(budget)s, %(idempotency_key)s, %(metadata)s)
+    ON CONFLICT (tenant, user_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+    DO NOTHING
+    RETURNING *
+), notified AS (
+    SELECT pg_notify('runlane_wakeup', i.agent)
+    FROM inserted AS i
     WHERE %(notify)s AND i.available_at <= now()
 )
 SELECT inserted.*, true AS created, (SELECT count(*) FROM notified) AS notified FROM inserted
