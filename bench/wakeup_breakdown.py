@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -145,57 +146,43 @@ def run(
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=30)
     marks = json.loads(out.strip().splitlines()[-1])
-    pushed_parts: dict[str, list[float]] = {
-        "pushed: submit call (INSERT + claim + NOTIFY + commit)": [],
-        "pushed: submit start -> push received": [],
-        "pushed: push received -> run taken (decoded, task made)": [],
-        "pushed: run taken -> handler start": [],
-        "pushed: submit start -> handler start": [],
-    }
-    claimed_parts: dict[str, list[float]] = {
-        "claimed: submit call (INSERT + NOTIFY + commit)": [],
-        "claimed: submit start -> NOTIFY received": [],
-        "claimed: NOTIFY received -> claim sent": [],
-        "claimed: claim round trip": [],
-        "claimed: claim answered -> handler start": [],
-        "claimed: submit start -> handler start": [],
-    }
+    # "pushed: ..." and "claimed: ..." parts, each run's in the order listed.
+    parts: dict[str, list[float]] = defaultdict(list)
+    counts = {"pushed": 0, "claimed": 0}
     for run_id, (before, after) in stamps.items():
         m = marks.get(run_id)
         if not m or "handler" not in m:
             continue
         if "push" in m:
-            into, values = (
-                pushed_parts,
-                [
-                    after - before,
-                    m["push"] - before,
-                    m["taken"] - m["push"],
-                    m["handler"] - m["taken"],
-                    m["handler"] - before,
-                ],
+            kind, values = (
+                "pushed",
+                {
+                    "submit call (INSERT + claim + NOTIFY + commit)": after - before,
+                    "submit start -> push received": m["push"] - before,
+                    "push received -> run taken (decoded, task made)": m["taken"] - m["push"],
+                    "run taken -> handler start": m["handler"] - m["taken"],
+                    "submit start -> handler start": m["handler"] - before,
+                },
             )
         elif "claim_sent" in m:
-            into, values = (
-                claimed_parts,
-                [
-                    after - before,
-                    m["notify"] - before,
-                    m["claim_sent"] - m["notify"],
-                    m["claim_done"] - m["claim_sent"],
-                    m["handler"] - m["claim_done"],
-                    m["handler"] - before,
-                ],
+            kind, values = (
+                "claimed",
+                {
+                    "submit call (INSERT + NOTIFY + commit)": after - before,
+                    "submit start -> NOTIFY received": m["notify"] - before,
+                    "NOTIFY received -> claim sent": m["claim_sent"] - m["notify"],
+                    "claim round trip": m["claim_done"] - m["claim_sent"],
+                    "claim answered -> handler start": m["handler"] - m["claim_done"],
+                    "submit start -> handler start": m["handler"] - before,
+                },
             )
         else:
             continue
-        for key, value in zip(into, values, strict=True):
-            into[key].append(value)
-    counts = {
-        "pushed": len(pushed_parts[next(iter(pushed_parts))]),
-        "claimed": len(claimed_parts[next(iter(claimed_parts))]),
-    }
-    parts = {k: v for k, v in {**pushed_parts, **claimed_parts}.items() if v}
+        counts[kind] += 1
+        for label, value in values.items():
+            parts[f"{kind}: {label}"].append(value)
+    # Pushed runs' parts first (a stable sort keeps each kind's order).
+    parts = dict(sorted(parts.items(), key=lambda item: not item[0].startswith("pushed")))
     summary = {key: latency_summary(values) for key, values in parts.items()}
     print(f"runs pushed: {counts['pushed']}, claimed: {counts['claimed']}")
     table = print_table(
