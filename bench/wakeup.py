@@ -9,8 +9,14 @@ before the call, one every ``--gap`` ms (open loop; each no-op run takes a
 few ms, so the worker is idle when the next one arrives). The handler
 returns ``time.time()`` at its start; latency = start - submit, both read
 from the same machine's clock. Under load, a loader process adds runs at
-half the worker's capacity (measured first, in the same round, by a
-burn-down) in small batches every 10 ms, each with a wake-up NOTIFY.
+half the worker's capacity in small batches every 10 ms, each with a
+wake-up NOTIFY. The capacity is measured first, in the same round, as the
+rate the worker completes runs while the same loader offers more than it
+can take (the median of a few one-second windows): a burn-down of runs
+inserted beforehand (also reported) overstates it, as the worker then
+claims full batches and shares the cores with no loader, so half of it
+was not a sustainable rate on every machine. The worker's CPU share
+during the loaded phase is reported beside it.
 
 The peers (PGQueuer, oban) are measured idle the same way, and so is
 ``sql-floor`` (bench.peers.sql_floor): the same probes through bare SQL,
@@ -53,9 +59,9 @@ from bench.common import (
 DEFAULT_PEERS = ["pgqueuer", "oban", "sql-floor", "sql-push-floor"]
 
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"n": 20, "gap_ms": 10, "capacity_n": 100, "listen_wait": 0.5},
-    "small": {"n": 300, "gap_ms": 20, "capacity_n": 3000, "listen_wait": 2.0},
-    "full": {"n": 1000, "gap_ms": 20, "capacity_n": 5000, "listen_wait": 2.0},
+    "tiny": {"n": 20, "gap_ms": 10, "capacity_n": 100, "listen_wait": 0.5, "window_s": 0.3},
+    "small": {"n": 300, "gap_ms": 20, "capacity_n": 3000, "listen_wait": 2.0, "window_s": 1.0},
+    "full": {"n": 1000, "gap_ms": 20, "capacity_n": 5000, "listen_wait": 2.0, "window_s": 1.0},
 }
 
 
@@ -114,6 +120,34 @@ def capacity(url: str, n: int) -> float:
     wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60 + n / 50, what="burn-down")
     first, last = runlane_system.window(url)
     return n / (last - first)
+
+
+def completed(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runlane.runs WHERE status = 'completed'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def sustained_capacity(url: str, offered: float, window: float, windows: int = 3) -> float:
+    """Runs/s the running worker completes while the loader offers
+    ``offered`` runs/s (more than it can take): the median of ``windows``
+    windows after one of warm-up."""
+    runlane_system.reset(url)
+    loader = spawn("bench.wakeup", ["load", "--url", url, "--rate", str(offered)], name="loader")
+    rates = []
+    with running([loader]):
+        loader.wait_ready()
+        time.sleep(window)  # warm-up: the backlog forms
+        before, at = completed(url), time.monotonic()
+        for _ in range(windows):
+            time.sleep(window)
+            after, now = completed(url), time.monotonic()
+            rates.append((after - before) / (now - at))
+            before, at = after, now
+    wait_for(lambda: runlane_system.remaining(url) == 0, timeout=120, what="saturating load")
+    return median(rates)
 
 
 def wakeup_systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
@@ -186,7 +220,8 @@ def run(
                         f" {peer_idle[system.NAME]['latency']['p99_ms']:.2f} ms",
                         flush=True,
                     )
-                cap = capacity(url, cfg["capacity_n"])
+                burn_down = capacity(url, cfg["capacity_n"])
+                cap = sustained_capacity(url, 1.5 * burn_down, cfg["window_s"])
                 runlane_system.reset(url)
                 rate = cap / 2
                 loader = spawn(
@@ -197,7 +232,9 @@ def run(
                 with running([loader]):
                     loader.wait_ready()
                     time.sleep(1.0)  # reach a steady state
+                    cpu_before, at = worker.cpu_seconds(), time.monotonic()
                     loaded = phase(url, cfg["n"], gap)
+                    worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
                     backlog = runlane_system.remaining(url)
                 # Let the worker finish the load before the tables are reset.
                 wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
@@ -208,15 +245,19 @@ def run(
                         "peers_idle": peer_idle,
                         "loaded": loaded,
                         "capacity": cap,
+                        "burn_down_capacity": burn_down,
                         "rate": rate,
+                        "worker_cpu_share": worker_busy,
                         "backlog_at_end": backlog,
                     }
                 )
                 print(
                     f"round {rnd}: idle p50 {idle['latency']['p50_ms']:.2f} ms"
-                    f" p99 {idle['latency']['p99_ms']:.2f} ms; capacity {cap:.0f}/s;"
-                    f" at {rate:.0f}/s p50 {loaded['latency']['p50_ms']:.2f} ms"
-                    f" p99 {loaded['latency']['p99_ms']:.2f} ms (backlog {backlog})",
+                    f" p99 {idle['latency']['p99_ms']:.2f} ms; capacity {cap:.0f}/s"
+                    f" (burn-down {burn_down:.0f}/s); at {rate:.0f}/s p50"
+                    f" {loaded['latency']['p50_ms']:.2f} ms p99"
+                    f" {loaded['latency']['p99_ms']:.2f} ms (backlog {backlog},"
+                    f" worker CPU {100 * worker_busy:.0f}%)",
                     flush=True,
                 )
     summary = {
@@ -227,11 +268,14 @@ def run(
     summary["submit_p50_ms"] = median([r["idle"]["submit"]["p50_ms"] for r in rounds])
     summary["submit_p99_ms"] = median([r["idle"]["submit"]["p99_ms"] for r in rounds])
     summary["capacity_per_s"] = median([r["capacity"] for r in rounds])
+    summary["burn_down_capacity_per_s"] = median([r["burn_down_capacity"] for r in rounds])
     summary["load_per_s"] = median([r["rate"] for r in rounds])
+    summary["loaded_worker_cpu_share"] = median([r["worker_cpu_share"] for r in rounds])
     table_rows: list[list[Any]] = [
         ["runlane, idle worker", summary["idle_p50"], summary["idle_p99"], ""],
         [
-            f"runlane, ~50% load ({summary['load_per_s']:.0f} runs/s)",
+            f"runlane, ~50% load ({summary['load_per_s']:.0f} runs/s,"
+            f" worker CPU {100 * summary['loaded_worker_cpu_share']:.0f}%)",
             summary["loaded_p50"],
             summary["loaded_p99"],
             "",

@@ -74,6 +74,11 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         # The push floor's idle worker is parked again before each probe
         # arrives (10 ms apart): its probes are pushed, not pulled.
         assert peers["sql-push-floor"]["pushed"] >= wakeup.SIZES["tiny"]["n"] // 2
+        # The load is half the rate the worker sustained under a loader
+        # offering more, and the worker did work while it ran.
+        first = data["rounds"][0]
+        assert first["capacity"] > 0 and first["rate"] == first["capacity"] / 2
+        assert first["worker_cpu_share"] > 0
 
 
 def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
