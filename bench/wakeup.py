@@ -65,9 +65,15 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-async def submit_probes(url: str, n: int, gap: float) -> list[float]:
-    """Submits n probe runs one at a time; returns each submit call's time."""
+async def submit_probes(url: str, n: int, gap: float, via: str = "runs") -> list[float]:
+    """Submits n probe runs one at a time; returns each submit call's time.
+    ``via``: ``runs`` submits runs (``RunService.submit``); ``lanes``
+    submits requests (``LaneService.submit``, the call behind ``POST
+    /v1/threads/{t}/requests``), each to a new thread, so each lane is idle
+    and its request is dispatched at intake."""
     from runlane.database import create_pool
+    from runlane.lane_service import LaneService
+    from runlane.lane_store import LaneStore
     from runlane.service import RunService
     from runlane.settings import Settings
     from runlane.store import RunStore
@@ -78,12 +84,24 @@ async def submit_probes(url: str, n: int, gap: float) -> list[float]:
     pool = create_pool(url, min_size=1, max_size=2, check="quiet")
     await pool.open()
     service = RunService(RunStore(pool), Settings(database_url=url))
+    lanes = LaneService(LaneStore(pool), service)
+    thread_prefix = f"probe-{time.time_ns()}"
     submit_seconds = []
     try:
         next_at = time.monotonic()
-        for _ in range(n):
+        for i in range(n):
             started = time.monotonic()
-            await service.submit(AGENT, {"t": time.time(), "probe": True})
+            probe = {"t": time.time(), "probe": True}
+            if via == "lanes":
+                await lanes.submit(
+                    tenant="default",
+                    user_id="default",
+                    agent=AGENT,
+                    thread_id=f"{thread_prefix}-{i}",
+                    input=probe,
+                )
+            else:
+                await service.submit(AGENT, probe)
             submit_seconds.append(time.monotonic() - started)
             next_at += gap
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
@@ -184,8 +202,8 @@ def peer_phase(
     return {"latency": latency_summary(latencies), **reported}
 
 
-def phase(url: str, n: int, gap: float) -> dict[str, Any]:
-    submit_seconds = asyncio.run(submit_probes(url, n, gap))
+def phase(url: str, n: int, gap: float, via: str = "runs") -> dict[str, Any]:
+    submit_seconds = asyncio.run(submit_probes(url, n, gap, via))
     wait_for(lambda: pending_probes(url) == 0, timeout=60, what="probes")
     latencies = probe_latencies(url)
     return {"latency": latency_summary(latencies), "submit": latency_summary(submit_seconds)}
@@ -197,6 +215,7 @@ def run(
     *,
     peers: list[str] | None = None,
     out_dir: Path | None = None,
+    via: str = "runs",
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
@@ -208,7 +227,7 @@ def run(
             worker.wait_ready()
             for rnd in range(runs):
                 runlane_system.reset(url)
-                idle = phase(url, cfg["n"], gap)
+                idle = phase(url, cfg["n"], gap, via)
                 peer_idle = {}
                 for system in peer_systems:
                     peer_idle[system.NAME] = peer_phase(
@@ -233,7 +252,7 @@ def run(
                     loader.wait_ready()
                     time.sleep(1.0)  # reach a steady state
                     cpu_before, at = worker.cpu_seconds(), time.monotonic()
-                    loaded = phase(url, cfg["n"], gap)
+                    loaded = phase(url, cfg["n"], gap, via)
                     worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
                     backlog = runlane_system.remaining(url)
                 # Let the worker finish the load before the tables are reset.
@@ -301,12 +320,13 @@ def run(
     data = {
         "size": size,
         "runs": runs,
+        "via": via,
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
         "summary": summary,
     }
-    write_results("wakeup", data, out_dir=out_dir)
+    write_results("wakeup" if via == "runs" else "wakeup_lanes", data, out_dir=out_dir)
     return data
 
 
@@ -336,6 +356,12 @@ def load(url: str, rate: float) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--via",
+        choices=["runs", "lanes"],
+        default="runs",
+        help="probes submitted as runs, or as requests to idle lanes (a new thread each)",
+    )
+    parser.add_argument(
         "--peers",
         default=",".join(DEFAULT_PEERS),
         help=(
@@ -347,7 +373,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    return run(args.size, args.runs, peers=peers, out_dir=args.out_dir)
+    return run(args.size, args.runs, peers=peers, out_dir=args.out_dir, via=args.via)
 
 
 if __name__ == "__main__":

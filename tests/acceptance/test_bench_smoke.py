@@ -81,6 +81,14 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert first["worker_cpu_share"] > 0
 
 
+def test_wakeup_through_lanes_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Probes submitted as requests to idle lanes: every one dispatched,
+    # run and stamped.
+    data = wakeup.run("tiny", 1, peers=[], out_dir=tmp_path, via="lanes")
+    assert data["rounds"][0]["idle"]["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+    assert (tmp_path / "wakeup_lanes_sync_off.json").exists()
+
+
 def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
     # Every kind measured every round; each timed claim took exactly the
     # one row fed to it (measure raises otherwise).

@@ -73,8 +73,9 @@ CREATE TABLE IF NOT EXISTS faults.effect_calls (
     pid         integer     NOT NULL,
     at          timestamptz NOT NULL DEFAULT clock_timestamp()
 );
--- The last lease expiry the database granted to each attempt (claim and
--- every renewal), kept by a trigger: runlane itself keeps only the current one.
+-- The last lease expiry the database granted to each attempt (claim, or
+-- the insert of a run pushed to a parked worker, and every renewal), kept
+-- by a trigger: runlane itself keeps only the current one.
 CREATE TABLE IF NOT EXISTS faults.lease_log (
     lease_token     uuid PRIMARY KEY,
     run_id          uuid        NOT NULL,
@@ -94,7 +95,7 @@ END;
 $$;
 DROP TRIGGER IF EXISTS runs_log_lease ON runlane.runs;
 CREATE TRIGGER runs_log_lease
-    AFTER UPDATE OF lease_expires_at ON runlane.runs
+    AFTER INSERT OR UPDATE OF lease_expires_at ON runlane.runs
     FOR EACH ROW
     WHEN (NEW.lease_token IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
     EXECUTE FUNCTION faults.log_lease();

@@ -1,14 +1,18 @@
 """Standing claims (migration 0025): an idle worker parks, and a submit
-that can start at once hands it the run in the submit's own transaction."""
+that can start at once hands it the run in the submit's own transaction;
+so does a lane's intake on an idle lane (migration 0026)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import psycopg
 
 from runlane import App, RunContext
+from runlane.lane_service import LaneService
+from runlane.lanes import RequestStatus
 from runlane.models import RunStatus
 from runlane.service import RunService
 from runlane.settings import Settings
@@ -91,6 +95,64 @@ async def test_an_idle_worker_is_pushed_the_run_a_submit_stores(
     assert attempts == [(1, worker.worker_id, "completed")]
     # A stopped worker withdraws its standing claim.
     assert standing_claims(sql) == []
+
+
+async def test_a_request_to_an_idle_lane_is_pushed_and_its_lane_keeps_its_order(
+    lanes: LaneService, service: RunService, store: RunStore, settings: Settings, sql: Conn
+) -> None:
+    started: list[Any] = []
+
+    async def submit(tenant: str, text: str) -> Any:
+        request, created = await lanes.submit(
+            tenant=tenant, user_id="ann", agent="echo", thread_id="t-1", input={"text": text}
+        )
+        assert created
+        return request
+
+    async with running_worker(echo_app(settings, started), settings) as worker:
+        await parked(sql, worker.worker_id)
+        first = await submit("acme", "first")
+        # Dispatched at intake, and given to the parked worker in the same
+        # transaction: its first attempt is that worker's.
+        assert first.status is RequestStatus.DISPATCHED and first.run_id is not None
+        done = await wait_for_status(service, first.run_id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == 1
+        assert done.output == {"echo": {"text": "first"}} and done.kind == "request"
+        # The next requests of the lane still run one at a time, in order,
+        # whichever way each reaches the worker.
+        later = [await submit("acme", text) for text in ("second", "third", "fourth")]
+        runs = []
+        for request in later:
+
+            async def dispatched(request: Any = request) -> Any:
+                row = sql.execute(
+                    "SELECT run_id FROM runlane.requests WHERE id = %s", (request.id,)
+                ).fetchone()
+                return row[0] if row and row[0] else None
+
+            run_id = await wait_until(dispatched, timeout=15, message="request dispatched")
+            runs.append(await wait_for_status(service, run_id, RunStatus.COMPLETED))
+        # A capped tenant's request waits for a claim, which counts the cap.
+        await store.set_tenant_limit("capped", 5)
+        await parked(sql, worker.worker_id)
+        pushed_before = worker.claims_pushed
+        capped = await submit("capped", "capped")
+        assert capped.run_id is not None
+        await wait_for_status(service, capped.run_id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == pushed_before
+    assert [run_id for run_id, _ in started[:4]] == [first.run_id] + [r.id for r in runs]
+    assert [r.output["echo"]["text"] for r in runs] == ["second", "third", "fourth"]
+    # One at a time: each run of the lane started after the one before ended.
+    ordered = [done, *runs]
+    for before, after in itertools.pairwise(ordered):
+        assert before.finished_at is not None and after.started_at is not None
+        assert after.started_at >= before.finished_at
+    # Each ran once: one attempt row per run, the worker's.
+    attempts = sql.execute(
+        "SELECT count(*), count(DISTINCT run_id), min(worker_id), max(worker_id)"
+        " FROM runlane.run_attempts WHERE outcome = 'completed'"
+    ).fetchone()
+    assert attempts == (5, 5, worker.worker_id, worker.worker_id)
 
 
 async def test_a_push_never_exceeds_the_workers_concurrency(
