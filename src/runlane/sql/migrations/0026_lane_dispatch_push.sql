@@ -7,22 +7,24 @@
 -- promotion to steer, recovery). Until now the run was always inserted
 -- pending with a wake-up NOTIFY, so a request to an idle lane waited for a
 -- parked worker to wake, unpark and claim it: a commit and a round trip
--- more on its way to the handler than a direct run's. Now, when runlane.take_standing_claim gives it a parked worker's
--- claim (a worker parked for the agent, the tenant without a cap, no run
--- of the agent already waiting), the run is inserted already claimed by
--- that worker (running, its lease, its first attempt row, as a claim
--- writes them) and runlane_push carries it to that worker, as insert_run
--- in queries.sql does. Otherwise it waits pending and runlane_wakeup
--- wakes the workers, as before.
+-- more on its way to the handler than a direct run's. Now, when
+-- runlane.take_standing_claim gives it a parked worker's claim (a worker
+-- parked for the agent, the tenant without a cap, no run of the agent
+-- already waiting), the run is inserted already claimed by that worker
+-- (running, its lease, its first attempt row, as a claim writes them) and
+-- runlane_push carries it to that worker, as insert_run in queries.sql
+-- does. Otherwise it waits pending and runlane_wakeup wakes the workers,
+-- as before.
 --
--- Not in the relay: there dispatch_head runs in the runs_relay_lane trigger,
--- inside the outcome write of the worker that finished the lane's run, and
--- that worker's outcome batch claims the lane's next run along with it
--- (CompletionBatcher's claim along) without a push. Looking for a parked
--- worker on every relay cost the relay benchmark's drain of 1,000 lanes
--- 5-10% of its rate and gained its relay gap nothing (BENCHMARKS.md,
--- section 3). pg_trigger_depth() tells the two apart: the intake (submit_request) and
--- the lanes layer's own calls run outside any trigger.
+-- Not in the relay: there dispatch_head runs in the runs_relay_lane
+-- trigger, inside the outcome write of the worker that finished the
+-- lane's run, and that worker's outcome batch claims the lane's next run
+-- along with it (CompletionBatcher's claim along) without a push. Looking
+-- for a parked worker on every relay cost the relay benchmark's drain of
+-- 1,000 lanes 5-10% of its rate and gained its relay gap nothing
+-- (BENCHMARKS.md, section 3). pg_trigger_depth() tells the two apart: the
+-- intake (submit_request) and the lanes layer's own calls run outside any
+-- trigger.
 --
 -- The lane's rules do not change: dispatch_head runs only when the lane
 -- has no active run, under the lane's lock, and the request is marked
