@@ -51,8 +51,15 @@ BEGIN
     END IF;
     SELECT * INTO lane FROM runlane.lanes WHERE id = p_lane_id;
     -- Outside the relay (above): a parked worker's claim, or no row (nulls)
-    -- when the run may not go to one now.
-    IF pg_trigger_depth() = 0 THEN
+    -- when the run may not go to one now. Looked up only while some worker
+    -- is parked: calling take_standing_claim when none is cost each API
+    -- submit on idle lanes ~0.15 ms of PostgreSQL's CPU (7-10% of the
+    -- submits per second, BENCHMARKS.md section 6); with this look first,
+    -- 0.07-0.09 ms. (No JIT here: the callers that turn seqscans off, for
+    -- their kept plans, turn jit off too.)
+    IF pg_trigger_depth() = 0
+       AND EXISTS (SELECT FROM runlane.standing_claims AS c
+                   WHERE c.run_id IS NULL AND c.expires_at > now()) THEN
         SELECT s.worker_id, s.run_id, s.lease_token, s.lease_seconds
         INTO v_worker_id, v_run_id, v_lease_token, v_lease_seconds
         FROM runlane.take_standing_claim(lane.tenant, lane.agent, true) AS s;
