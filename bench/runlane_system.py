@@ -120,12 +120,21 @@ def enqueue(url: str, n: int) -> None:
         conn.execute("ANALYZE runlane.runs")
 
 
-def remaining(url: str) -> int:
+def count_runs(url: str, statuses: Sequence[str]) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM runlane.runs WHERE status IN ('pending', 'running')"
+            "SELECT count(*) FROM runlane.runs WHERE status = ANY(%s)", (list(statuses),)
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def remaining(url: str) -> int:
+    """Runs not done yet: pending or running."""
+    return count_runs(url, ("pending", "running"))
+
+
+def completed(url: str) -> int:
+    return count_runs(url, ("completed",))
 
 
 def window(url: str) -> tuple[float, float]:

@@ -140,14 +140,6 @@ def capacity(url: str, n: int) -> float:
     return n / (last - first)
 
 
-def completed(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM runlane.runs WHERE status = 'completed'"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def sustained_capacity(url: str, offered: float, window: float, windows: int = 3) -> float:
     """Runs/s the running worker completes while the loader offers
     ``offered`` runs/s (more than it can take): the median of ``windows``
@@ -158,10 +150,10 @@ def sustained_capacity(url: str, offered: float, window: float, windows: int = 3
     with running([loader]):
         loader.wait_ready()
         time.sleep(window)  # warm-up: the backlog forms
-        before, at = completed(url), time.monotonic()
+        before, at = runlane_system.completed(url), time.monotonic()
         for _ in range(windows):
             time.sleep(window)
-            after, now = completed(url), time.monotonic()
+            after, now = runlane_system.completed(url), time.monotonic()
             rates.append((after - before) / (now - at))
             before, at = after, now
     wait_for(lambda: runlane_system.remaining(url) == 0, timeout=120, what="saturating load")
