@@ -21,6 +21,7 @@ from bench import (
     api,
     claim_cost,
     intake_latency,
+    intake_lookup,
     throughput,
     wakeup,
     wakeup_breakdown,
@@ -97,6 +98,17 @@ def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
         wakeup_statements.KINDS, 3
     )
     assert (tmp_path / "wakeup_statements_sync_off.json").exists()
+
+
+def test_intake_lookup_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Every state of standing_claims with both versions of dispatch_head,
+    # every round; the churned table's size is recorded each round.
+    data = intake_lookup.run(120, 2, 20, out_dir=tmp_path)
+    assert {k: len(v) for k, v in data["rounds_ms"].items()} == {
+        f"{s} / {v}": 2 for s in intake_lookup.STATES for v in intake_lookup.VERSIONS
+    }
+    assert [s["round"] for s in data["churned_sizes"]] == [0, 1]
+    assert (tmp_path / "intake_lookup_sync_off.json").exists()
 
 
 def test_wakeup_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
