@@ -24,12 +24,16 @@ of ``standing_claims`` and two versions of ``dispatch_head``:
 Each cell is the median latency of ``--n`` submits (the first 100 of each
 left out), the kinds alternating within each of ``--runs`` rounds.
 Back to back, a difference here is PostgreSQL's work (and no pause makes
-it slower). Results: ``bench/results/intake_lookup{tag}.json``.
+it slower). With ``--connections C`` (the API's pool holds 20), C
+connections submit ``--n`` each at once and a cell is the wall time per
+submit of them all, so that contention between backends shows.
+Results: ``bench/results/intake_lookup{tag}.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -84,22 +88,42 @@ def churn(conn: psycopg.Connection[Any], cycles: int) -> None:
         )
 
 
-def submits(url: str, n: int) -> float:
-    """Median seconds of n back-to-back lane submits on a new connection."""
+def submits(url: str, n: int, connections: int = 1) -> float:
+    """Median seconds of n back-to-back lane submits on a new connection;
+    with more connections, each sends n at once with the others, and the
+    answer is the wall time per submit of them all (1 / throughput)."""
     from runlane.queries import named_queries
 
     query = named_queries("lanes.sql")["submit_request"]
-    seconds = []
-    with psycopg.connect(url, autocommit=True) as conn:
-        for _ in range(n):
-            before = time.perf_counter()
-            conn.execute(query, _submit_params(), prepare=True).fetchall()
-            seconds.append(time.perf_counter() - before)
-    return median(seconds[min(100, n // 2) :])
+
+    def one_connection(seconds: list[float]) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(n):
+                before = time.perf_counter()
+                conn.execute(query, _submit_params(), prepare=True).fetchall()
+                seconds.append(time.perf_counter() - before)
+
+    if connections == 1:
+        seconds: list[float] = []
+        one_connection(seconds)
+        return median(seconds[min(100, n // 2) :])
+    threads = [threading.Thread(target=one_connection, args=([],)) for _ in range(connections)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return (time.perf_counter() - started) / (n * connections)
 
 
 def run(
-    n: int, runs: int, churn_cycles: int, *, tag: str = "", out_dir: Path | None = None
+    n: int,
+    runs: int,
+    churn_cycles: int,
+    *,
+    connections: int = 1,
+    tag: str = "",
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
     cells: dict[str, list[float]] = {f"{s} / {v}": [] for s in STATES for v in VERSIONS}
     sizes: list[dict[str, Any]] = []
@@ -133,7 +157,7 @@ def run(
                 order = VERSIONS if rnd % 2 == 0 else VERSIONS[::-1]
                 for version in order:
                     admin.execute(functions[version])
-                    cells[f"{state} / {version}"].append(submits(url, n))
+                    cells[f"{state} / {version}"].append(submits(url, n, connections))
             print(
                 f"round {rnd}: "
                 + ", ".join(f"{k} {v[-1] * 1000:.3f} ms" for k, v in cells.items()),
@@ -157,6 +181,7 @@ def run(
         "n": n,
         "runs": runs,
         "churn": churn_cycles,
+        "connections": connections,
         "rounds_ms": {k: [x * 1000 for x in v] for k, v in cells.items()},
         "medians_ms": medians,
         "churned_sizes": sizes,
@@ -171,10 +196,23 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--churn", type=int, default=2000, help="park / unpark cycles")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="submitting connections at once (then each cell is wall time per submit)",
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", type=Path, default=None, help="default bench/results")
     args = parser.parse_args()
-    run(args.n, args.runs, args.churn, tag=args.tag, out_dir=args.out_dir)
+    run(
+        args.n,
+        args.runs,
+        args.churn,
+        connections=args.connections,
+        tag=args.tag,
+        out_dir=args.out_dir,
+    )
 
 
 if __name__ == "__main__":

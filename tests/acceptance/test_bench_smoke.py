@@ -100,10 +100,12 @@ def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
     assert (tmp_path / "wakeup_statements_sync_off.json").exists()
 
 
-def test_intake_lookup_smoke(bench_env: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("connections", [1, 2])
+def test_intake_lookup_smoke(bench_env: str, tmp_path: Path, connections: int) -> None:
     # Every state of standing_claims with both versions of dispatch_head,
     # every round; the churned table's size is recorded each round.
-    data = intake_lookup.run(120, 2, 20, out_dir=tmp_path)
+    data = intake_lookup.run(120, 2, 20, connections=connections, out_dir=tmp_path)
+    assert data["connections"] == connections
     assert {k: len(v) for k, v in data["rounds_ms"].items()} == {
         f"{s} / {v}": 2 for s in intake_lookup.STATES for v in intake_lookup.VERSIONS
     }
