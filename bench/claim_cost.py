@@ -3,6 +3,7 @@ costs whatever its size, and what each run in it adds.
 
     python -m bench.claim_cost [--batches 1,10,50,200] [--runs-per-size 4000]
                                [--rounds 3] [--peers pgqueuer] [--tag _s10]
+                               [--sql "CREATE OR REPLACE FUNCTION ..."]
 
 One connection (the worker's ``RunStore``, its prepared statements) claims
 ``k`` runs and finishes them (``completed``), over and over, on a queue of
@@ -15,7 +16,10 @@ for PGQueuer on a database of its own: its dequeue of ``k`` jobs and
 their move to its log (``Queries.dequeue``, ``Queries.log_jobs``: what its
 QueueManager sends). The database's ``synchronous_commit`` is the
 benchmark's (``RUNLANE_BENCH_SYNCHRONOUS_COMMIT``, default on). Results:
-``bench/results/claim_cost{tag}.json``.
+``bench/results/claim_cost{tag}.json``. With ``--sql``, an experiment: a
+second database gets that SQL after its migrations, and its rounds
+alternate with those of the database as migrated, so that a schema or
+function change is a before/after measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import statistics
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
 
@@ -127,6 +132,12 @@ async def measure_pgqueuer(url: str, batches: list[int], runs_per_size: int) -> 
         await conn.close()
 
 
+def summarize(batches: list[int], trials: list[dict[str, float]]) -> dict[str, Any]:
+    medians = {key: statistics.median(t[key] for t in trials) for key in trials[0]}
+    fixed, per_run = fit(batches, [medians[f"pair_{k}"] for k in batches])
+    return {"medians_us": medians, "fixed_us_per_pair": fixed, "us_per_run": per_run}
+
+
 def fit(batches: list[int], us: list[float]) -> tuple[float, float]:
     """(fixed µs per pair, µs per run): least squares through (k, µs)."""
     if len(batches) < 2:
@@ -146,20 +157,32 @@ def run(
     *,
     peers: list[str] | None = None,
     tag: str = "",
+    sql: str | None = None,
     out_dir: Any = None,
 ) -> dict[str, Any]:
     trials: list[dict[str, float]] = []
+    sql_trials: list[dict[str, float]] = []
     peer_trials: list[dict[str, float]] = []
     with_pgqueuer = "pgqueuer" in (peers or [])
     if with_pgqueuer and (why := pgqueuer_adapter.available()):
         print(f"pgqueuer skipped: {why}")
         with_pgqueuer = False
-    with bench_database("claim_cost") as url:
+    with bench_database("claim_cost") as url, ExitStack() as stack:
         runlane_system.setup(url)
+        sql_url = None
+        if sql:
+            sql_url = stack.enter_context(bench_database("claim_cost_sql"))
+            runlane_system.setup(sql_url)
+            with psycopg.connect(sql_url, autocommit=True) as conn:
+                conn.execute(sql)
         for i in range(rounds):
             trial = asyncio.run(measure(url, batches, runs_per_size))
             trials.append(trial)
             print_round(f"round {i}", trial)
+            if sql_url:
+                trial = asyncio.run(measure(sql_url, batches, runs_per_size))
+                sql_trials.append(trial)
+                print_round(f"round {i} with --sql", trial)
     if with_pgqueuer:
         with bench_database("claim_cost_pgqueuer", runlane_schema=False) as url:
             pgqueuer_adapter.setup(url)
@@ -169,18 +192,20 @@ def run(
                 print(
                     f"round {i} pgqueuer: " + ", ".join(f"{k} {v:.0f} µs" for k, v in trial.items())
                 )
-    medians = {key: statistics.median(t[key] for t in trials) for key in trials[0]}
+    summary = summarize(batches, trials)
+    medians = summary["medians_us"]
+    fixed, per_run = summary["fixed_us_per_pair"], summary["us_per_run"]
     pair_us = [medians[f"pair_{k}"] for k in batches]
-    fixed, per_run = fit(batches, pair_us)
-    summary: dict[str, Any] = {
-        "medians_us": medians,
-        "fixed_us_per_pair": fixed,
-        "us_per_run": per_run,
-    }
     headers = ["runs per claim", "µs per claim + finish", "µs per run"]
     rows: list[list[Any]] = [
         [k, f"{us:.0f}", f"{us / k:.1f}"] for k, us in zip(batches, pair_us, strict=True)
     ]
+    if sql_trials:
+        summary["with_sql"] = summarize(batches, sql_trials)
+        sql_medians = summary["with_sql"]["medians_us"]
+        headers += ["with --sql: µs per claim + finish", "µs per run"]
+        for row, k in zip(rows, batches, strict=True):
+            row += [f"{sql_medians[f'pair_{k}']:.0f}", f"{sql_medians[f'pair_{k}'] / k:.1f}"]
     if peer_trials:
         peer_us = [statistics.median(t[f"pair_{k}"] for t in peer_trials) for k in batches]
         peer_fixed, peer_per_run = fit(batches, peer_us)
@@ -197,6 +222,12 @@ def run(
         f"fit: {fixed:.0f} µs per claim + finish whatever its size, {per_run:.1f} µs per run;"
         f" SELECT 1 {medians['select_1']:.0f} µs, one-row INSERT {medians['insert_one_row']:.0f} µs"
     )
+    if sql_trials:
+        with_sql = summary["with_sql"]
+        print(
+            f"with --sql: {with_sql['fixed_us_per_pair']:.0f} µs per claim + finish whatever"
+            f" its size, {with_sql['us_per_run']:.1f} µs per run"
+        )
     if peer_trials:
         peer = summary["pgqueuer"]
         print(
@@ -209,6 +240,8 @@ def run(
             "batches": batches,
             "runs_per_size": runs_per_size,
             "trials": trials,
+            "sql": sql,
+            "sql_trials": sql_trials,
             "pgqueuer_trials": peer_trials,
             "summary": summary,
         },
@@ -224,10 +257,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", default="", help="comma-separated: pgqueuer")
     parser.add_argument("--tag", default="")
+    parser.add_argument(
+        "--sql", default=None, help="experiment: SQL run on a second database, rounds alternating"
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     peers = [p for p in args.peers.split(",") if p]
-    run(batches, args.runs_per_size, args.rounds, peers=peers, tag=args.tag)
+    run(batches, args.runs_per_size, args.rounds, peers=peers, tag=args.tag, sql=args.sql)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ class Variant:
     def window(self, url: str) -> tuple[float, float]:
         return runlane_system.window(url)
 
+    def steady_window(self, url: str, low: float, high: float) -> tuple[float, float]:
+        return runlane_system.steady_window(url, low, high)
+
     def spawn_worker(self, url: str, concurrency: int, **kwargs: Any) -> Proc:
         extra = [*kwargs.get("extra", ()), *self._worker_args]
         if self._batch_divisor != 1:

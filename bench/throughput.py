@@ -12,12 +12,21 @@ to start burning down the queue alone while the next is still importing
 on the same two cores. The rate is N divided by the window from the
 gate's opening (or the first claim, if later) to the last completion,
 both read from the database clock, so process start-up is not counted.
-(The gate did not remove the one bimodal figure seen, PGQueuer's at 2
-processes: in its slow trials its first completion is logged about a
-second after the gate opens, in its fast ones within 0.1 s; the
-benchmark reports what each trial measured.) The trials of all systems are
-interleaved, round after round, and each figure is the median of the
-rounds; ratios are medians of per-round ratios.
+The trials of all systems are interleaved, round after round, and each
+figure is the median of the rounds; ratios are medians of per-round
+ratios.
+
+Beside that burn-down rate, each trial gives a steady rate: the jobs
+completed between the moments 10% and 90% of them were, over that
+window, so that what a system does once at its start or its end weighs
+nothing. It was added when PGQueuer's start turned out to take a second
+in most trials (seventeenth session, BENCHMARKS.md section 1): its worker
+(psycopg driver, one connection) waits for notifications on that
+connection for up to a second at a time, holding it, and a queue filled
+before it started gives it none, so its first completions wait out that
+second; once jobs flow, its own statements' notifications end each wait
+at once. The burn-down rate of a 20,000-job queue, one or two seconds
+long, counts that second in full.
 """
 
 from __future__ import annotations
@@ -56,6 +65,11 @@ SIZES: dict[str, dict[str, Any]] = {
     "small": {"n": 5000, "procs": [1, 2], "concurrency": [10, 50, 200], "pgbench_seconds": 5},
     "full": {"n": 20000, "procs": [1, 2], "concurrency": [10, 50, 200], "pgbench_seconds": 10},
 }
+
+
+# The steady rate's window: from the moment this fraction of the jobs were
+# completed to the moment that fraction were.
+STEADY = (0.1, 0.9)
 
 
 def systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
@@ -110,6 +124,7 @@ def trial(
     first, last = system.window(url)
     # Claims that waited at the gate carry the time they began waiting.
     seconds = last - max(first, opened)
+    steady_from, steady_to = system.steady_window(url, STEADY[0], STEADY[1])
     return {
         "system": system.NAME,
         "procs": procs,
@@ -117,6 +132,8 @@ def trial(
         "n": n,
         "seconds": seconds,
         "jobs_per_s": n / seconds,
+        "steady_seconds": steady_to - steady_from,
+        "steady_jobs_per_s": (STEADY[1] - STEADY[0]) * n / max(steady_to - steady_from, 1e-6),
         "worker_cpu_ms_per_job": worker_cpu * 1000 / n,
         "pg_cpu_ms_per_job": pg_cpu * 1000 / n,
     }
@@ -290,11 +307,16 @@ def summarize(
         for conc in cfg["concurrency"]:
             row: dict[str, Any] = {"procs": procs, "concurrency": conc}
             by_round: dict[int, dict[str, float]] = {}
+            steady_by_round: dict[int, dict[str, float]] = {}
             for t in trials:
                 if t["procs"] == procs and t["concurrency"] == conc:
                     by_round.setdefault(t["round"], {})[t["system"]] = t["jobs_per_s"]
+                    steady_by_round.setdefault(t["round"], {})[t["system"]] = t["steady_jobs_per_s"]
             for name in names:
                 row[name] = median([r[name] for r in by_round.values() if name in r])
+                row[f"{name}_steady"] = median(
+                    [r[name] for r in steady_by_round.values() if name in r]
+                )
                 row[f"{name}_pg_cpu_ms"] = median(
                     [
                         t["pg_cpu_ms_per_job"]
@@ -315,12 +337,8 @@ def summarize(
                     [r[variant] / r["runlane"] for r in by_round.values() if variant in r]
                 )
             if "runlane" in names and peers:
-                ratios = []
-                for r in by_round.values():
-                    best = max((r[p] for p in peers if p in r), default=None)
-                    if best and "runlane" in r:
-                        ratios.append(r["runlane"] / best)
-                row["ratio_vs_best_peer"] = median(ratios)
+                row["ratio_vs_best_peer"] = ratio_vs_best_peer(by_round, peers)
+                row["steady_ratio_vs_best_peer"] = ratio_vs_best_peer(steady_by_round, peers)
             if "runlane" in names and batch_limit == batch_limit:
                 row["ratio_vs_pgbench_batch10"] = row["runlane"] / batch_limit
             rows.append(row)
@@ -331,6 +349,9 @@ def summarize(
     if peer_names and "runlane" in names:
         headers.append("runlane / best peer")
     headers.append("runlane / pgbench batch-10")
+    headers += [f"{n} steady jobs/s" for n in names]
+    if peer_names and "runlane" in names:
+        headers.append("steady: runlane / best peer")
     table_rows = []
     for row in rows:
         cells = [row["procs"], row["concurrency"], *[row[n] for n in names]]
@@ -338,6 +359,9 @@ def summarize(
         if peer_names and "runlane" in names:
             cells.append(row.get("ratio_vs_best_peer", float("nan")))
         cells.append(row.get("ratio_vs_pgbench_batch10", float("nan")))
+        cells += [row[f"{n}_steady"] for n in names]
+        if peer_names and "runlane" in names:
+            cells.append(row.get("steady_ratio_vs_best_peer", float("nan")))
         table_rows.append(cells)
     table = print_table(headers, table_rows)
     print(f"pgbench limit: single-row {single_limit:.0f}/s, batch of 10 {batch_limit:.0f}/s")
@@ -350,6 +374,16 @@ def summarize(
     }
 
 
+def ratio_vs_best_peer(by_round: dict[int, dict[str, float]], peers: list[str]) -> float:
+    """The median over rounds of runlane's rate over the best peer's."""
+    ratios = []
+    for r in by_round.values():
+        best = max((r[p] for p in peers if p in r), default=None)
+        if best and "runlane" in r:
+            ratios.append(r["runlane"] / best)
+    return median(ratios)
+
+
 def make_plot(
     summary: dict[str, Any],
     cfg: dict[str, Any],
@@ -358,20 +392,24 @@ def make_plot(
     name: str = "throughput",
     out_dir: Path | None,
 ) -> None:
-    series = {}
-    for system in summary["names"]:
-        for procs in cfg["procs"]:
-            xs = [r["concurrency"] for r in summary["rows"] if r["procs"] == procs]
-            ys = [r[system] for r in summary["rows"] if r["procs"] == procs]
-            series[f"{system}, {procs} proc"] = (xs, ys)
-    plot(
-        name,
-        series,
-        title=f"No-op burn-down of {cfg['n']:,} jobs, synchronous_commit={synchronous_commit}",
-        xlabel="concurrency per worker process",
-        ylabel="jobs per second",
-        out_dir=out_dir,
-    )
+    for suffix, key, what in (
+        ("", "", "burn-down"),
+        ("_steady", "_steady", "steady rate (10-90% done)"),
+    ):
+        series = {}
+        for system in summary["names"]:
+            for procs in cfg["procs"]:
+                xs = [r["concurrency"] for r in summary["rows"] if r["procs"] == procs]
+                ys = [r[f"{system}{key}"] for r in summary["rows"] if r["procs"] == procs]
+                series[f"{system}, {procs} proc"] = (xs, ys)
+        plot(
+            f"{name}{suffix}",
+            series,
+            title=f"No-op {what}, N = {cfg['n']:,}, synchronous_commit={synchronous_commit}",
+            xlabel="concurrency per worker process",
+            ylabel="jobs per second",
+            out_dir=out_dir,
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -100,6 +100,23 @@ def window(url: str) -> tuple[float, float]:
     return float(row[0]), float(row[1])
 
 
+def steady_window(url: str, low: float, high: float) -> tuple[float, float]:
+    """The times, on the database clock in epoch seconds, at which the
+    jobs' completions reached the fractions ``low`` and ``high`` of all of
+    them: a window without the burn-down's start and end."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            """
+            SELECT extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY created)),
+                   extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY created))
+            FROM pgqueuer_log WHERE status = 'successful'
+            """,
+            (low, high),
+        ).fetchone()
+    assert row is not None and row[0] is not None and row[1] is not None
+    return float(row[0]), float(row[1])
+
+
 def done_count(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(

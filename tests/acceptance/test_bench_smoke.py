@@ -55,7 +55,13 @@ def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
     assert set(stored["skipped"]) <= set(skipped)
     for trial in data["trials"]:
         assert trial["jobs_per_s"] > 0
+        # The steady window (10% to 90% of completions) lies inside the
+        # burn-down's, so it is never longer.
+        assert 0 < trial["steady_seconds"] <= trial["seconds"]
+        assert trial["steady_jobs_per_s"] > 0
     assert {t["system"] for t in data["trials"]} == set(names)
+    for row in data["summary"]["rows"]:
+        assert row["runlane_steady"] > 0
 
 
 @pytest.mark.parametrize("figure", ["wakeup", "relay", "history", "heartbeat", "recovery"])
@@ -174,3 +180,19 @@ def test_claim_cost_smoke(bench_env: str, tmp_path: Path) -> None:
     if importlib.util.find_spec("pgqueuer") is not None:
         assert set(summary["pgqueuer"]["medians_us"]) == {"pair_1", "pair_3"}
         assert len(stored["pgqueuer_trials"]) == 1
+
+
+def test_claim_cost_sql_experiment_smoke(bench_env: str, tmp_path: Path) -> None:
+    # The experiment's database gets the SQL after its migrations (a
+    # statement that needs them fails otherwise), in rounds of its own.
+    sql = "ALTER TABLE runlane.runs DISABLE TRIGGER runs_notify_status"
+    summary = claim_cost.run([1, 3], 6, 1, sql=sql, out_dir=tmp_path)
+    assert set(summary["with_sql"]["medians_us"]) == {
+        "pair_1",
+        "pair_3",
+        "select_1",
+        "insert_one_row",
+    }
+    stored = json.loads((tmp_path / "claim_cost_sync_off.json").read_text())
+    assert stored["sql"] == sql
+    assert len(stored["trials"]) == len(stored["sql_trials"]) == 1
