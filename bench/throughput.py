@@ -1,7 +1,7 @@
 """Figure 1: throughput — no-op runs, an N-run burn-down, 1 and 2 worker
-processes, concurrency 10/50/200; runlane against PGQueuer and oban in the
-same database server, and the bare-SQL limit of a SKIP LOCKED claim + ack
-driven by pgbench.
+processes, concurrency 10/50/200; runlane against PGQueuer (on its psycopg
+and its asyncpg driver) and oban in the same database server, and the
+bare-SQL limit of a SKIP LOCKED claim + ack driven by pgbench.
 
 Each trial: reset the system's tables, enqueue N jobs in bulk (untimed),
 start the worker process(es) behind a start gate, wait until every job is
@@ -67,6 +67,9 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
+# The peers: runlane's ratio is to the best of those in the run.
+PEERS = ("pgqueuer", "pgqueuer-asyncpg", "oban")
+
 # The steady rate's window: from the moment this fraction of the jobs were
 # completed to the moment that fraction were.
 STEADY = (0.1, 0.9)
@@ -80,6 +83,7 @@ def systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
     known: dict[str, Any] = {
         "runlane": runlane_system,
         "pgqueuer": pgqueuer_adapter,
+        "pgqueuer-asyncpg": pgqueuer_adapter.ON_ASYNCPG,
         "oban": oban_adapter,
         **VARIANTS,
     }
@@ -231,7 +235,7 @@ def run(
         cfg["procs"] = procs
     if concurrency:
         cfg["concurrency"] = concurrency
-    chosen, skipped = systems(names or ["runlane", "pgqueuer", "oban"])
+    chosen, skipped = systems(names or ["runlane", *PEERS])
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)
     trials: list[dict[str, Any]] = []
@@ -331,7 +335,7 @@ def summarize(
                         if t["system"] == name and t["procs"] == procs and t["concurrency"] == conc
                     ]
                 )
-            peers = [n for n in names if n in ("pgqueuer", "oban")]
+            peers = [n for n in names if n in PEERS]
             for variant in (n for n in names if n.startswith("runlane-")):
                 row[f"{variant}_over_runlane"] = median(
                     [r[variant] / r["runlane"] for r in by_round.values() if variant in r]
@@ -342,7 +346,7 @@ def summarize(
             if "runlane" in names and batch_limit == batch_limit:
                 row["ratio_vs_pgbench_batch10"] = row["runlane"] / batch_limit
             rows.append(row)
-    peer_names = [n for n in names if n in ("pgqueuer", "oban")]
+    peer_names = [n for n in names if n in PEERS]
     variants = [n for n in names if n.startswith("runlane-")]
     headers = ["procs", "concurrency", *[f"{n} jobs/s" for n in names]]
     headers += [f"{v} / runlane" for v in variants]
@@ -414,7 +418,9 @@ def make_plot(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--systems", default="runlane,pgqueuer,oban", help="comma-separated: runlane,pgqueuer,oban"
+        "--systems",
+        default="runlane,pgqueuer,pgqueuer-asyncpg,oban",
+        help="comma-separated: runlane,pgqueuer,pgqueuer-asyncpg,oban",
     )
     parser.add_argument("--profile", action="store_true", help="also profile a runlane worker")
     parser.add_argument(

@@ -11,6 +11,13 @@ it polls every second besides NOTIFY (``dequeue_timeout``), like runlane's
 worker (the throughput and wake-up figures were measured before this
 setting was added, with PGQueuer's default of 30 s, which only matters when
 a NOTIFY is missed).
+
+``--driver asyncpg`` (the throughput figure's ``pgqueuer-asyncpg``) runs
+the same QueueManager over one asyncpg connection instead. On psycopg
+PGQueuer waits for notifications inside ``notifies(timeout=1.0)``, holding
+its one connection, so its other statements wait until a notification
+comes or the second ends; asyncpg delivers notifications to a callback
+and never holds the connection for them.
 """
 
 from __future__ import annotations
@@ -125,12 +132,57 @@ def done_count(url: str) -> int:
     return int(row[0]) if row else 0
 
 
-def spawn_worker(url: str, concurrency: int, *, mode: str = "noop") -> Proc:
+def spawn_worker(
+    url: str, concurrency: int, *, mode: str = "noop", driver: str = "psycopg"
+) -> Proc:
     return spawn(
         "bench.peers.pgqueuer_adapter",
-        ["serve", "--url", url, "--concurrency", str(concurrency), "--mode", mode],
-        name=f"pgqueuer worker c={concurrency} {mode}",
+        [
+            "serve",
+            *("--url", url, "--concurrency", str(concurrency)),
+            *("--mode", mode, "--driver", driver),
+        ],
+        name=f"pgqueuer ({driver}) worker c={concurrency} {mode}",
     )
+
+
+class OnAsyncpg:
+    """PGQueuer with its asyncpg driver, as a system of the throughput
+    figure: the same tables, jobs and settings, another driver."""
+
+    NAME = "pgqueuer-asyncpg"
+    QUEUE_TABLE = QUEUE_TABLE
+
+    def available(self) -> str | None:
+        try:
+            import asyncpg  # noqa: F401
+        except ImportError:
+            return "asyncpg is not installed (pip install 'runlane[bench]')"
+        return available()
+
+    def setup(self, url: str) -> None:
+        setup(url)
+
+    def reset(self, url: str) -> None:
+        reset(url)
+
+    def enqueue(self, url: str, n: int) -> None:
+        enqueue(url, n)
+
+    def remaining(self, url: str) -> int:
+        return remaining(url)
+
+    def window(self, url: str) -> tuple[float, float]:
+        return window(url)
+
+    def steady_window(self, url: str, low: float, high: float) -> tuple[float, float]:
+        return steady_window(url, low, high)
+
+    def spawn_worker(self, url: str, concurrency: int, *, mode: str = "noop") -> Proc:
+        return spawn_worker(url, concurrency, mode=mode, driver="asyncpg")
+
+
+ON_ASYNCPG = OnAsyncpg()
 
 
 async def _probe(url: str, n: int, gap: float) -> None:
@@ -149,12 +201,28 @@ def probe(url: str, n: int, gap: float) -> None:
     asyncio.run(_probe(url, n, gap))
 
 
-async def _serve(url: str, concurrency: int, mode: str) -> None:
+async def _serve(url: str, concurrency: int, mode: str, driver: str) -> None:
     from pgqueuer.models import Job
     from pgqueuer.qm import QueueManager
 
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    qm = QueueManager(await _queries(conn))
+    conn: Any
+    if driver == "asyncpg":
+        import asyncpg
+        from pgqueuer.db import AsyncpgDriver
+        from pgqueuer.queries import Queries
+
+        params = psycopg.conninfo.conninfo_to_dict(url)
+        conn = await asyncpg.connect(
+            host=params.get("host"),
+            port=int(params.get("port") or 5432),
+            user=params.get("user"),
+            password=params.get("password"),
+            database=params.get("dbname"),
+        )
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    else:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        qm = QueueManager(await _queries(conn))
     latencies: list[float] = []
 
     if mode == "stamp":
@@ -197,8 +265,9 @@ def main() -> None:
     serve.add_argument("--url", required=True)
     serve.add_argument("--concurrency", type=int, default=10)
     serve.add_argument("--mode", choices=["noop", "stamp"], default="noop")
+    serve.add_argument("--driver", choices=["psycopg", "asyncpg"], default="psycopg")
     args = parser.parse_args()
-    asyncio.run(_serve(args.url, args.concurrency, args.mode))
+    asyncio.run(_serve(args.url, args.concurrency, args.mode, args.driver))
 
 
 if __name__ == "__main__":
