@@ -311,6 +311,21 @@ def write_results(name: str, data: dict[str, Any], *, out_dir: Path | None = Non
     return path
 
 
+def completion_marks(
+    url: str, completed_at: str, source: str, low: float, high: float
+) -> tuple[float, float]:
+    """The times, on the database clock in epoch seconds, at which the
+    jobs' completions (the expression ``completed_at`` over ``source``)
+    reached the fractions ``low`` and ``high`` of all of them: the
+    throughput figure's steady window, without a burn-down's start and
+    end."""
+    mark = f"extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY {completed_at}))"
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(f"SELECT {mark}, {mark} FROM {source}", (low, high)).fetchone()
+    assert row is not None and row[0] is not None and row[1] is not None
+    return float(row[0]), float(row[1])
+
+
 def plot(
     name: str,
     series: dict[str, tuple[Sequence[float], Sequence[float]]],

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import AGENT, Proc, spawn
+from bench.common import AGENT, Proc, completion_marks, spawn
 from runlane.migrations import available_migrations
 
 NAME = "runlane"
@@ -151,20 +151,8 @@ def window(url: str) -> tuple[float, float]:
 
 
 def steady_window(url: str, low: float, high: float) -> tuple[float, float]:
-    """The times, on the database clock in epoch seconds, at which the
-    jobs' completions reached the fractions ``low`` and ``high`` of all of
-    them: a window without the burn-down's start and end."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            """
-            SELECT extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY finished_at)),
-                   extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY finished_at))
-            FROM runlane.runs
-            """,
-            (low, high),
-        ).fetchone()
-    assert row is not None and row[0] is not None and row[1] is not None
-    return float(row[0]), float(row[1])
+    """See bench.common.completion_marks."""
+    return completion_marks(url, "finished_at", "runlane.runs", low, high)
 
 
 def worker_args(

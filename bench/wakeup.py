@@ -56,7 +56,7 @@ from bench.common import (
 # The bare-SQL floors (bench.peers.sql_floor, sql_push_floor) are measured in
 # every round by default: how far any queue on this machine is from the
 # target, pulling or pushing.
-DEFAULT_PEERS = ["pgqueuer", "oban", "sql-floor", "sql-push-floor"]
+DEFAULT_PEERS = ["pgqueuer", "pgqueuer-asyncpg", "oban", "sql-floor", "sql-push-floor"]
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n": 20, "gap_ms": 10, "capacity_n": 100, "listen_wait": 0.5, "window_s": 0.3},

@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import ROOT, Proc, spawn
+from bench.common import ROOT, Proc, completion_marks, spawn
 
 NAME = "oban"
 # Where the throughput benchmark's start gate takes its lock.
@@ -109,22 +109,10 @@ def window(url: str) -> tuple[float, float]:
 
 
 def steady_window(url: str, low: float, high: float) -> tuple[float, float]:
-    """The times, on the database clock in epoch seconds, at which the
-    jobs' completions reached the fractions ``low`` and ``high`` of all of
-    them: a window without the burn-down's start and end."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            """
-            SELECT extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY completed_at)
-                                      AT TIME ZONE 'UTC'),
-                   extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY completed_at)
-                                      AT TIME ZONE 'UTC')
-            FROM oban_jobs WHERE completed_at IS NOT NULL
-            """,
-            (low, high),
-        ).fetchone()
-    assert row is not None and row[0] is not None and row[1] is not None
-    return float(row[0]), float(row[1])
+    """See bench.common.completion_marks (oban stores UTC without a zone)."""
+    completed_at = "completed_at AT TIME ZONE 'UTC'"
+    source = "oban_jobs WHERE completed_at IS NOT NULL"
+    return completion_marks(url, completed_at, source, low, high)
 
 
 def spawn_worker(url: str, concurrency: int, *, mode: str = "noop") -> Proc:

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import AGENT, Proc, spawn
+from bench.common import AGENT, Proc, completion_marks, spawn
 
 NAME = "pgqueuer"
 # Where the throughput benchmark's start gate takes its lock.
@@ -108,20 +108,8 @@ def window(url: str) -> tuple[float, float]:
 
 
 def steady_window(url: str, low: float, high: float) -> tuple[float, float]:
-    """The times, on the database clock in epoch seconds, at which the
-    jobs' completions reached the fractions ``low`` and ``high`` of all of
-    them: a window without the burn-down's start and end."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            """
-            SELECT extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY created)),
-                   extract(epoch FROM percentile_disc(%s) WITHIN GROUP (ORDER BY created))
-            FROM pgqueuer_log WHERE status = 'successful'
-            """,
-            (low, high),
-        ).fetchone()
-    assert row is not None and row[0] is not None and row[1] is not None
-    return float(row[0]), float(row[1])
+    """See bench.common.completion_marks."""
+    return completion_marks(url, "created", "pgqueuer_log WHERE status = 'successful'", low, high)
 
 
 def done_count(url: str) -> int:
@@ -147,8 +135,9 @@ def spawn_worker(
 
 
 class OnAsyncpg:
-    """PGQueuer with its asyncpg driver, as a system of the throughput
-    figure: the same tables, jobs and settings, another driver."""
+    """PGQueuer with its asyncpg driver, as a system of the throughput and
+    wake-up figures: the same tables, jobs and settings, another driver
+    (the wake-up's probes enqueue through it too)."""
 
     NAME = "pgqueuer-asyncpg"
     QUEUE_TABLE = QUEUE_TABLE
@@ -181,31 +170,15 @@ class OnAsyncpg:
     def spawn_worker(self, url: str, concurrency: int, *, mode: str = "noop") -> Proc:
         return spawn_worker(url, concurrency, mode=mode, driver="asyncpg")
 
+    def probe(self, url: str, n: int, gap: float) -> None:
+        probe(url, n, gap, driver="asyncpg")
+
 
 ON_ASYNCPG = OnAsyncpg()
 
 
-async def _probe(url: str, n: int, gap: float) -> None:
-    """Enqueues n jobs one at a time, each carrying time.time() taken just
-    before the call (the wake-up latency figure)."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        queries = await _queries(conn)
-        next_at = time.monotonic()
-        for _ in range(n):
-            await queries.enqueue(AGENT, json.dumps({"t": time.time()}).encode())
-            next_at += gap
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-
-def probe(url: str, n: int, gap: float) -> None:
-    asyncio.run(_probe(url, n, gap))
-
-
-async def _serve(url: str, concurrency: int, mode: str, driver: str) -> None:
-    from pgqueuer.models import Job
-    from pgqueuer.qm import QueueManager
-
-    conn: Any
+async def _connect(url: str, driver: str) -> tuple[Any, Any]:
+    """(connection, PGQueuer's Queries over it) on the chosen driver."""
     if driver == "asyncpg":
         import asyncpg
         from pgqueuer.db import AsyncpgDriver
@@ -219,10 +192,35 @@ async def _serve(url: str, concurrency: int, mode: str, driver: str) -> None:
             password=params.get("password"),
             database=params.get("dbname"),
         )
-        qm = QueueManager(Queries(AsyncpgDriver(conn)))
-    else:
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        qm = QueueManager(await _queries(conn))
+        return conn, Queries(AsyncpgDriver(conn))
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    return conn, await _queries(conn)
+
+
+async def _probe(url: str, n: int, gap: float, driver: str) -> None:
+    """Enqueues n jobs one at a time, each carrying time.time() taken just
+    before the call (the wake-up latency figure)."""
+    conn, queries = await _connect(url, driver)
+    try:
+        next_at = time.monotonic()
+        for _ in range(n):
+            await queries.enqueue(AGENT, json.dumps({"t": time.time()}).encode())
+            next_at += gap
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        await conn.close()
+
+
+def probe(url: str, n: int, gap: float, driver: str = "psycopg") -> None:
+    asyncio.run(_probe(url, n, gap, driver))
+
+
+async def _serve(url: str, concurrency: int, mode: str, driver: str) -> None:
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+
+    conn, queries = await _connect(url, driver)
+    qm = QueueManager(queries)
     latencies: list[float] = []
 
     if mode == "stamp":
