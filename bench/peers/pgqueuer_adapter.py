@@ -28,6 +28,8 @@ import json
 import signal
 import time
 from datetime import timedelta
+from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -134,49 +136,6 @@ def spawn_worker(
     )
 
 
-class OnAsyncpg:
-    """PGQueuer with its asyncpg driver, as a system of the throughput and
-    wake-up figures: the same tables, jobs and settings, another driver
-    (the wake-up's probes enqueue through it too)."""
-
-    NAME = "pgqueuer-asyncpg"
-    QUEUE_TABLE = QUEUE_TABLE
-
-    def available(self) -> str | None:
-        try:
-            import asyncpg  # noqa: F401
-        except ImportError:
-            return "asyncpg is not installed (pip install 'runlane[bench]')"
-        return available()
-
-    def setup(self, url: str) -> None:
-        setup(url)
-
-    def reset(self, url: str) -> None:
-        reset(url)
-
-    def enqueue(self, url: str, n: int) -> None:
-        enqueue(url, n)
-
-    def remaining(self, url: str) -> int:
-        return remaining(url)
-
-    def window(self, url: str) -> tuple[float, float]:
-        return window(url)
-
-    def steady_window(self, url: str, low: float, high: float) -> tuple[float, float]:
-        return steady_window(url, low, high)
-
-    def spawn_worker(self, url: str, concurrency: int, *, mode: str = "noop") -> Proc:
-        return spawn_worker(url, concurrency, mode=mode, driver="asyncpg")
-
-    def probe(self, url: str, n: int, gap: float) -> None:
-        probe(url, n, gap, driver="asyncpg")
-
-
-ON_ASYNCPG = OnAsyncpg()
-
-
 async def _connect(url: str, driver: str) -> tuple[Any, Any]:
     """(connection, PGQueuer's Queries over it) on the chosen driver."""
     if driver == "asyncpg":
@@ -254,6 +213,32 @@ async def _serve(url: str, concurrency: int, mode: str, driver: str) -> None:
         await conn.close()
         if mode == "stamp":
             print(json.dumps({"latencies": latencies}), flush=True)
+
+
+def available_on_asyncpg() -> str | None:
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return "asyncpg is not installed (pip install 'runlane[bench]')"
+    return available()
+
+
+# PGQueuer with its asyncpg driver, as a system of the throughput and
+# wake-up figures: the same tables, jobs and settings, another driver (the
+# wake-up's probes enqueue through it too).
+ON_ASYNCPG = SimpleNamespace(
+    NAME="pgqueuer-asyncpg",
+    QUEUE_TABLE=QUEUE_TABLE,
+    available=available_on_asyncpg,
+    setup=setup,
+    reset=reset,
+    enqueue=enqueue,
+    remaining=remaining,
+    window=window,
+    steady_window=steady_window,
+    spawn_worker=partial(spawn_worker, driver="asyncpg"),
+    probe=partial(probe, driver="asyncpg"),
+)
 
 
 def main() -> None:
