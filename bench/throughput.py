@@ -129,6 +129,7 @@ def trial(
     # Claims that waited at the gate carry the time they began waiting.
     seconds = last - max(first, opened)
     steady_from, steady_to = system.steady_window(url, STEADY[0], STEADY[1])
+    steady_seconds = steady_to - steady_from
     return {
         "system": system.NAME,
         "procs": procs,
@@ -136,8 +137,8 @@ def trial(
         "n": n,
         "seconds": seconds,
         "jobs_per_s": n / seconds,
-        "steady_seconds": steady_to - steady_from,
-        "steady_jobs_per_s": (STEADY[1] - STEADY[0]) * n / max(steady_to - steady_from, 1e-6),
+        "steady_seconds": steady_seconds,
+        "steady_jobs_per_s": (STEADY[1] - STEADY[0]) * n / max(steady_seconds, 1e-6),
         "worker_cpu_ms_per_job": worker_cpu * 1000 / n,
         "pg_cpu_ms_per_job": pg_cpu * 1000 / n,
     }
@@ -396,15 +397,14 @@ def make_plot(
     name: str = "throughput",
     out_dir: Path | None,
 ) -> None:
-    for suffix, key, what in (
-        ("", "", "burn-down"),
-        ("_steady", "_steady", "steady rate (10-90% done)"),
-    ):
+    # The burn-down rates are the rows' "{system}" keys, the steady ones
+    # "{system}_steady"; the plot files take the same suffix.
+    for suffix, what in (("", "burn-down"), ("_steady", "steady rate (10-90% done)")):
         series = {}
         for system in summary["names"]:
             for procs in cfg["procs"]:
                 xs = [r["concurrency"] for r in summary["rows"] if r["procs"] == procs]
-                ys = [r[f"{system}{key}"] for r in summary["rows"] if r["procs"] == procs]
+                ys = [r[f"{system}{suffix}"] for r in summary["rows"] if r["procs"] == procs]
                 series[f"{system}, {procs} proc"] = (xs, ys)
         plot(
             f"{name}{suffix}",
