@@ -50,15 +50,6 @@ def reset(url: str) -> None:
         conn.execute("DELETE FROM runlane.tenant_limits")
         # Undo the experiment of bench.runlane_variants, if one ran before.
         conn.execute("ALTER TABLE runlane.runs ENABLE TRIGGER runs_notify_status")
-        # Only when an experiment changed it: the ALTER locks both tables.
-        changed = conn.execute(
-            "SELECT NOT condeferred FROM pg_constraint WHERE conname = 'run_attempts_run_id_fkey'"
-        ).fetchone()
-        if changed and changed[0]:
-            conn.execute(
-                "ALTER TABLE runlane.run_attempts"
-                " ALTER CONSTRAINT run_attempts_run_id_fkey DEFERRABLE INITIALLY DEFERRED"
-            )
         # Migrations that an experiment undid for its trials, applied again.
         for version, applied in RESTORED_MIGRATIONS:
             row = conn.execute(applied).fetchone()
@@ -67,18 +58,11 @@ def reset(url: str) -> None:
 
 
 # (version, a query answering whether it is in effect): the claim's
-# settings of 0012 (runlane-claim-planned-each-call resets them) and 0016's
-# claim that checks its attempt rows itself (runlane-attempt-check-at-commit
-# puts back 0014's).
+# settings of 0012 (runlane-claim-planned-each-call resets them).
 RESTORED_MIGRATIONS = (
     (
         12,
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
-        " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
-    ),
-    (
-        16,
-        "SELECT prosrc LIKE '%SET CONSTRAINTS%' FROM pg_proc"
         " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
     ),
 )

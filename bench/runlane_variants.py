@@ -25,19 +25,9 @@ change the benchmark database or the worker's settings, never src/.
   so that every claim takes ``runlane.claim_capped_runs`` (the claim of
   migration 0006: four statements planned on each call) instead of
   ``runlane.claim_uncapped_runs`` (0009): the claim change's before/after.
-- ``runlane-immediate-attempt-check``: run_attempts' foreign key checked
-  at once again, as before migration 0010, so that the claim's check query
-  is planned for every claimed run (the claim functions' force_custom_plan
-  reaches it): 0010's before/after.
 - ``runlane-claim-planned-each-call``: the uncapped claim planned again on
   every call (``force_custom_plan``, as before migration 0012) instead of
   keeping plans pinned to the claim indexes: 0012's before/after.
-- ``runlane-attempt-check-at-commit``: the claim's foreign-key check on
-  run_attempts left to the commit, under the session's settings, as
-  before migration 0016 (the uncapped claim of 0014 for the trial):
-  0016's before/after.
-- ``runlane-baseline-0009``: both: another checkout's worker on the
-  schema before 0010 (a before/after across both changes).
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -115,20 +105,12 @@ class Variant:
         return runlane_system.spawn_worker(url, concurrency, env=self._env, src=self._src, **kwargs)
 
 
-# The schema before migration 0010: run_attempts' foreign key checked at once.
-IMMEDIATE_ATTEMPT_CHECK = (
-    "ALTER TABLE runlane.run_attempts ALTER CONSTRAINT run_attempts_run_id_fkey NOT DEFERRABLE"
-)
-
 # The uncapped claim as before migration 0012: planned on every call.
 UNCAPPED_CLAIM = "runlane.claim_uncapped_runs(text, text[], integer, float8, float8)"
 CLAIM_PLANNED_EACH_CALL = (
     f"ALTER FUNCTION {UNCAPPED_CLAIM} RESET ALL;"
     f" ALTER FUNCTION {UNCAPPED_CLAIM} SET plan_cache_mode = force_custom_plan"
 )
-
-# The attempts' check as before migration 0016 (at commit): 0014's claim.
-ATTEMPT_CHECK_AT_COMMIT = runlane_system.migration_sql(14)
 
 VARIANTS = {
     "runlane-no-status-notify": Variant(
@@ -145,20 +127,6 @@ VARIANTS = {
     ),
     "runlane-claim-planned-each-call": Variant(
         "runlane-claim-planned-each-call", sql=CLAIM_PLANNED_EACH_CALL
-    ),
-    "runlane-attempt-check-at-commit": Variant(
-        "runlane-attempt-check-at-commit", sql=ATTEMPT_CHECK_AT_COMMIT
-    ),
-    "runlane-immediate-attempt-check": Variant(
-        "runlane-immediate-attempt-check",
-        sql=IMMEDIATE_ATTEMPT_CHECK,
-    ),
-    # Another checkout's worker on the schema as it was before 0010: a
-    # whole session's before/after (RUNLANE_BENCH_BASELINE_SRC as below).
-    "runlane-baseline-0009": Variant(
-        "runlane-baseline-0009",
-        sql=IMMEDIATE_ATTEMPT_CHECK,
-        src_env="RUNLANE_BENCH_BASELINE_SRC",
     ),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add

@@ -325,6 +325,13 @@ CHECKS: dict[str, str] = {
         SELECT count(*) FROM runlane.runs AS r
         WHERE NOT EXISTS (SELECT 1 FROM runlane.requests AS q WHERE q.run_id = r.id)""",
     "attempts left open": "SELECT count(*) FROM runlane.run_attempts WHERE ended_at IS NULL",
+    # Attempt rows are written with their run's claim (run_attempts has no
+    # foreign key since migration 0027): each names a stored run, and one
+    # of that run's claims.
+    "attempts without their run": """
+        SELECT count(*) FROM runlane.run_attempts AS a
+        LEFT JOIN runlane.runs AS r ON r.id = a.run_id
+        WHERE r.id IS NULL OR a.attempt < 1 OR a.attempt > r.claim_count""",
 }
 
 # One row per attempt: its lease's end (finished: ended_at; expired: the

@@ -447,8 +447,9 @@ class Env:
 
     def reset(self) -> None:
         """Empties the lanes and runs for the next example. DELETE of a few
-        rows is far quicker than TRUNCATE (or a new database); attempts,
-        events and effects go with their runs (ON DELETE CASCADE)."""
+        rows is far quicker than TRUNCATE (or a new database); attempts
+        (runs_delete_attempts, migration 0027), events and effects (ON
+        DELETE CASCADE) go with their runs."""
         self.sql.execute(
             "DELETE FROM runlane.runs; DELETE FROM runlane.requests; DELETE FROM runlane.lanes"
         )
@@ -1002,6 +1003,12 @@ SELECT
                OR EXISTS (SELECT 1 FROM runlane.runs AS r
                           WHERE r.lane_id = l.id AND r.status IN {ACTIVE_SQL}))
         AS interrupt_without_cause,
+    -- Every attempt row names a stored run and one of its claims (no
+    -- foreign key since migration 0027; deleted runs take theirs along).
+    EXISTS (SELECT 1 FROM runlane.run_attempts AS a
+            LEFT JOIN runlane.runs AS r ON r.id = a.run_id
+            WHERE r.id IS NULL OR a.attempt < 1 OR a.attempt > r.claim_count)
+        AS attempt_without_run,
     (SELECT count(*) FROM runlane.requests WHERE status = 'queued') AS queued
 """
 

@@ -256,18 +256,20 @@ async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store:
     assert abs(along[0].deadline_in_seconds - left) < 5
 
 
-async def test_attempt_rows_belong_to_runs(service: RunService, store: RunStore, sql: Conn) -> None:
-    # The check moved to commit time (migration 0010); it must still hold.
-    run, _ = await service.submit("a", {})
-    await claim_one(store)
-    with pytest.raises(psycopg.errors.ForeignKeyViolation), sql.transaction():
-        sql.execute(
-            "INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)"
-            " VALUES (gen_random_uuid(), 1, 'w', gen_random_uuid())"
-        )
-    sql.execute("DELETE FROM runlane.runs WHERE id = %s", (run.id,))
-    left = sql.execute("SELECT count(*) FROM runlane.run_attempts").fetchone()
-    assert left == (0,)
+async def test_attempt_rows_go_with_their_runs(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # run_attempts has no foreign key to runs (migration 0027): a statement
+    # that deletes runs, whoever sends it, deletes their attempts too, and
+    # only theirs.
+    gone, _ = await service.submit("a", {})
+    also_gone, _ = await service.submit("a", {})
+    kept, _ = await service.submit("a", {})
+    for _ in range(3):
+        await claim_one(store)
+    sql.execute("DELETE FROM runlane.runs WHERE id = ANY(%s)", ([gone.id, also_gone.id],))
+    left = sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()
+    assert left == [(kept.id,)]
 
 
 async def test_claim_can_be_limited_to_some_agents(service: RunService, store: RunStore) -> None:
