@@ -8,10 +8,10 @@
 -- foreign key's check proved it again for every claimed run, a lookup of
 -- runs that also locks the run row version the claim has just written,
 -- and since 0016 and 0018 that check ran with pinned plans inside the
--- claim. bench.claim_cost with the key dropped and the claim below, in
--- rounds alternating with the schema as it was (eighteenth session,
--- BENCHMARKS.md section 1): PostgreSQL's CPU per claimed and finished run
--- fell by a quarter to a third at 50 and 200 runs a claim.
+-- claim. Counted with callgrind (eighteenth session, BENCHMARKS.md
+-- section 1), a backend claiming 200 runs at a time and finishing them ran
+-- 6.6% fewer instructions per run without the key; timings on that
+-- machine were too noisy to show it.
 --
 -- What the key also did, ON DELETE CASCADE, runlane.runs_delete_attempts
 -- does: after any DELETE of runs (the pruner's, an operator's, a lane's
