@@ -272,6 +272,43 @@ async def test_attempt_rows_go_with_their_runs(
     assert left == [(kept.id,)]
 
 
+async def test_every_final_status_is_notified_to_the_streams(
+    service: RunService, store: RunStore, sql: Conn, db_url: str
+) -> None:
+    # The API's streams wake on NOTIFY runlane_run_changes. The outcome
+    # write sends it for the runs it ends (migration 0028); any other
+    # UPDATE to a final status gets it from runs_notify_status, also on a
+    # connection that has just written outcomes (the function's setting
+    # that silences the trigger ends with its call).
+    with psycopg.connect(db_url, autocommit=True) as listening:
+        listening.execute("LISTEN runlane_run_changes")
+        completed, _ = await service.submit("a", {})
+        cancelled, _ = await service.submit("a", {}, delay_seconds=3600)
+        retried, _ = await service.submit("a", {})
+        first, second = (await store.claim_batch(worker_id="w", limit=2, lease_seconds=30))[:2]
+        outcomes = {completed.id: "completed", retried.id: "retry"}
+        rows = sql.execute(
+            "SELECT run_id, run_status FROM runlane.finish_attempts(%s, %s, %s,"
+            " ARRAY[NULL, NULL]::jsonb[], ARRAY[NULL, NULL]::jsonb[],"
+            " ARRAY[NULL, NULL]::float8[], ARRAY[NULL, NULL]::jsonb[],"
+            " ARRAY[NULL, NULL]::float8[], false)",
+            (
+                [first.run.id, second.run.id],
+                [first.lease_token, second.lease_token],
+                [outcomes[first.run.id], outcomes[second.run.id]],
+            ),
+        ).fetchall()
+        assert dict(rows) == {completed.id: "completed", retried.id: "pending"}
+        sql.execute(
+            "UPDATE runlane.runs SET status = 'cancelled', finished_at = now() WHERE id = %s",
+            (cancelled.id,),
+        )
+        # In commit order: the outcome write's, then the cancel's. The run
+        # that went back to pending reached no final status: not notified.
+        heard = [n.payload for n in listening.notifies(timeout=5.0, stop_after=2)]
+        assert heard == [str(completed.id), str(cancelled.id)]
+
+
 async def test_claim_can_be_limited_to_some_agents(service: RunService, store: RunStore) -> None:
     await service.submit("mail", {})
     wanted, _ = await service.submit("chat", {})
