@@ -6,7 +6,9 @@ change the benchmark database or the worker's settings, never src/.
 
 - ``runlane-no-status-notify``: the ``runs_notify_status`` trigger (one
   pg_notify per run reaching a terminal status, for the API's streams) is
-  disabled for the trial.
+  disabled for the trial. Since migration 0028 the outcome write sends
+  those notifications itself and the trigger skips it, so in a burn-down
+  this variant changes nothing; it is kept for the other writers' paths.
 - ``runlane-no-aging``: the worker runs with priority aging off
   (``RUNLANE_PRIORITY_AGING_SECONDS=0``), so ``runlane.claim_runs`` reads
   one candidate list instead of two.
