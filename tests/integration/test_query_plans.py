@@ -654,6 +654,33 @@ async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
     assert read < 100
 
 
+async def test_an_owners_listing_reads_a_page_not_the_owners_history(sql: Conn) -> None:
+    # The listing indexes begin with hashtext(tenant) and hashtext(user_id)
+    # and a page also checks the names (migration 0029). Counted as
+    # independent, hash and name made an owner's 200 runs look like one,
+    # and the page was planned as a read and sort of all of them. 30 tenants
+    # of 5 owners, 200 runs each.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, status,"
+        " finished_at, created_at)"
+        " SELECT 't' || (g % 30), 'u' || (g / 30 % 5), 'a', '{}', 3, 'completed', now(),"
+        " now() - g * interval '1 second' FROM generate_series(1, 30000) AS g"
+    )
+    sql.execute("ANALYZE runlane.runs")
+    query = named_queries("queries.sql")["list_runs"]
+    params = {**list_params([], "u3"), "tenant": "t1", "statuses": None, "limit": 50}
+    with sql.transaction(force_rollback=True):
+        before = rows_read(sql, "runs")
+        listed = sql.execute(query, params).fetchall()
+        read = rows_read(sql, "runs") - before
+    expected = sql.execute(
+        "SELECT id FROM runlane.runs WHERE tenant = 't1' AND user_id = 'u3'"
+        " ORDER BY created_at DESC, id DESC LIMIT 50"
+    ).fetchall()
+    assert [row[0] for row in listed] == [row[0] for row in expected]
+    assert read < 100
+
+
 @pytest.mark.parametrize("statuses", [None, ["completed"], ["pending"]], ids=str)
 async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
     sql: Conn, statuses: list[str] | None

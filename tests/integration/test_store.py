@@ -642,6 +642,33 @@ async def test_listing_pages_with_a_cursor(service: RunService) -> None:
     assert dead == []
 
 
+async def test_names_sharing_a_hash_see_only_their_own_runs(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # The listing indexes are keyed by hashtext(tenant) and
+    # hashtext(user_id) (migration 0029). These names collide, so only the
+    # check of the names themselves keeps one tenant's or owner's runs out
+    # of the other's pages and counts.
+    t1, t2, u1, u2 = "tenant-60489", "tenant-120827", "user-255858", "user-299228"
+    assert sql.execute(
+        "SELECT hashtext(%s) = hashtext(%s) AND hashtext(%s) = hashtext(%s)", (t1, t2, u1, u2)
+    ).fetchone() == (True,)
+    mine = {(await service.submit("a", {}, tenant=t1, user_id=u1))[0].id for _ in range(3)}
+    theirs = {(await service.submit("a", {}, tenant=t2, user_id=u1))[0].id for _ in range(2)}
+    other_owner = {(await service.submit("a", {}, tenant=t1, user_id=u2))[0].id}
+
+    def ids(runs: list[Any]) -> set[uuid.UUID]:
+        return {run.id for run in runs}
+
+    assert ids(await service.list_runs(tenant=t1, user_id=u1)) == mine
+    assert ids(await service.list_runs(tenant=t2, user_id=u1)) == theirs
+    assert ids(await service.list_runs(tenant=t1)) == mine | other_owner
+    assert ids(await service.list_runs(tenant=t1, user_id=u2)) == other_owner
+    # An operator's listing skips through the hashes: both tenants share one.
+    assert ids(await service.list_runs()) == mine | theirs | other_owner
+    assert await store.count_runs_by_status(tenant=t2) == {RunStatus.PENDING: 2}
+
+
 async def test_idempotency_keys_belong_to_their_user(service: RunService) -> None:
     alice, _ = await service.submit("a", {"q": 1}, idempotency_key="k", user_id="alice")
     bob, created = await service.submit("a", {"q": 1}, idempotency_key="k", user_id="bob")
