@@ -5,6 +5,8 @@ The runlane side always runs; the peer adapters (PGQueuer, oban) run too
 when their packages can be imported (``pip install 'runlane[bench]'``;
 oban needs Python >= 3.12, see bench/peers/oban_adapter.py) and are
 skipped otherwise. The pgbench part runs when pgbench is on the PATH.
+The instruction counts need valgrind (on every machine this project runs
+on); without it that test fails.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import json
 import shutil
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from bench import (
     api,
+    backend_instructions,
     claim_cost,
     intake_latency,
     intake_lookup,
@@ -196,3 +200,45 @@ def test_claim_cost_sql_experiment_smoke(bench_env: str, tmp_path: Path) -> None
     stored = json.loads((tmp_path / "claim_cost_sync_off.json").read_text())
     assert stored["sql"] == sql
     assert len(stored["trials"]) == len(stored["sql_trials"]) == 1
+
+
+def test_backend_instructions_smoke(tmp_path: Path) -> None:
+    # Counted, not timed: without the owner listing index each claim and
+    # outcome write has one index entry fewer to write, and the counts
+    # must show it.
+    data = backend_instructions.run(
+        sql="DROP INDEX runlane.runs_owner_listing_idx",
+        up_to=None,
+        submit=True,
+        batch=10,
+        loops=(1, 2),
+        pg_bin=backend_instructions.embedded_bin(),
+        out_dir=tmp_path,
+    )
+    assert 0 < data["instructions_per_run"]["exp"] < data["instructions_per_run"]["base"]
+    stored = json.loads(next(tmp_path.glob("backend_instructions*.json")).read_text())
+    assert stored["instructions"] == data["instructions"]
+
+
+def test_text_listing_keys_variant_is_undone_for_the_next_system(bench_env: str) -> None:
+    # The variant puts back the listing indexes of before migration 0029 in
+    # the database every system shares; the next system's reset must bring
+    # 0029's back, or its trials would measure the variant.
+    from bench import runlane_system
+    from bench.common import bench_database
+    from bench.runlane_variants import VARIANTS
+
+    def listing_key() -> str:
+        row = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'runs_listing_idx'"
+        ).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    variant = VARIANTS["runlane-text-listing-keys"]
+    with bench_database("variant_smoke") as url, psycopg.connect(url, autocommit=True) as conn:
+        variant.setup(url)
+        variant.reset(url)
+        assert "hashtext" not in listing_key()
+        runlane_system.reset(url)
+        assert "hashtext(tenant)" in listing_key()

