@@ -2,7 +2,7 @@
 
     python -m bench.backend_instructions [--sql SQL | --sql-file FILE] [--up-to VERSION]
                                          [--submit] [--batch 200] [--loops 10,30]
-                                         [--pg-bin DIR] [--tag _s19]
+                                         [--pg-bin DIR] [--tag _s19] [--out-dir DIR]
 
 Two throwaway clusters (initdb; autovacuum and fsync off): ``base`` gets
 runlane's migrations (up to VERSION with ``--up-to``), ``exp`` the same and
@@ -258,6 +258,9 @@ def main() -> None:
     parser.add_argument("--loops", default="10,30", help="two loop counts, fewer first")
     parser.add_argument("--pg-bin", type=Path, default=None, help="PostgreSQL's bin folder")
     parser.add_argument("--tag", default="", help="suffix of the results file")
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="results folder (default bench/results)"
+    )
     args = parser.parse_args()
     few, many = (int(n) for n in args.loops.split(","))
     if not 0 < few < many:
@@ -271,6 +274,7 @@ def main() -> None:
         loops=(few, many),
         pg_bin=args.pg_bin or embedded_bin(),
         tag=args.tag,
+        out_dir=args.out_dir,
     )
     per_run = data["instructions_per_run"]
     print(data["postgres"])
