@@ -40,8 +40,8 @@ CREATE INDEX runs_exceptional_listing_idx
 
 -- A listing asks for hashtext(tenant) = hashtext($t) AND tenant = $t;
 -- the planner multiplied the two selectivities as if they were
--- independent, estimated an owner's page at a hundredth of its runs, and
--- read and sorted all of them instead of the newest few in index order.
+-- independent, estimated 13 of an owner's 2,000 runs, and read and sorted
+-- all of them instead of the newest few in index order.
 -- These statistics (taken by ANALYZE) tell it that the hash follows from
 -- the text.
 CREATE STATISTICS runlane.runs_tenant_hash_stats (dependencies)
