@@ -40,6 +40,7 @@ from bench.common import (
     Proc,
     backend_pids,
     bench_database,
+    free_port,
     latency_summary,
     median,
     print_table,
@@ -77,14 +78,6 @@ SIZES: dict[str, dict[str, Any]] = {
     },
 }
 TENANT = "bench"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _create_key(url: str) -> str:

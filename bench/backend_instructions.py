@@ -39,7 +39,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import print_table, write_results
+from bench.common import free_port, print_table, write_results
 
 LOOP = """DO $$
 DECLARE ids uuid[]; tokens uuid[]; n integer;
@@ -129,11 +129,8 @@ class Cluster:
         """Instructions of a single-user backend running loop_sql on a copy
         of the data directory."""
         copy = self.data.parent / f"{self.data.name}_{tag}"
-        shutil.copytree(self.data, copy)
-        if self.user:
-            shutil.chown(copy, self.user)
-            for path in copy.rglob("*"):
-                shutil.chown(path, self.user)
+        # Copied as the server's user, so that the copy is its own.
+        self.run(["cp", "-a", str(self.data), str(copy)])
         out = self.data.parent / f"{self.data.name}_{tag}.callgrind"
         try:
             done = self.run(
@@ -149,15 +146,6 @@ class Cluster:
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
         raise RuntimeError(f"no instruction total in {out}")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def prepare(cluster: Cluster, up_to: int | None, sql: str | None, pending: int) -> None:

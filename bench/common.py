@@ -284,6 +284,15 @@ def wait_for(condition: Any, *, timeout: float, interval: float = 0.05, what: st
 # -- results ---------------------------------------------------------------------
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on just now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     with contextlib.suppress(OSError, ValueError):
