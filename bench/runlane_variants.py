@@ -30,10 +30,10 @@ change the benchmark database or the worker's settings, never src/.
 - ``runlane-claim-planned-each-call``: the uncapped claim planned again on
   every call (``force_custom_plan``, as before migration 0012) instead of
   keeping plans pinned to the claim indexes: 0012's before/after.
-- ``runlane-text-listing-keys``: the listing indexes keyed by the tenant's
-  and owner's names, as before migration 0029, instead of their hashes
+- ``runlane-listing-on-runs``: the listing indexes on runs, as before
+  migration 0030, instead of the table run_listing written at the insert
   (the worker's queries never read them; every claim and outcome write
-  adds entries to them): 0029's before/after.
+  adds entries to them): 0030's before/after.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -118,15 +118,17 @@ CLAIM_PLANNED_EACH_CALL = (
     f" ALTER FUNCTION {UNCAPPED_CLAIM} SET plan_cache_mode = force_custom_plan"
 )
 
-# The listing indexes as before migration 0029 (reset applies 0029 again).
-TEXT_LISTING_KEYS = (
-    "DROP INDEX runlane.runs_listing_idx; DROP INDEX runlane.runs_owner_listing_idx;"
-    " DROP INDEX runlane.runs_exceptional_listing_idx;"
-    " DROP STATISTICS runlane.runs_tenant_hash_stats, runlane.runs_user_hash_stats;"
-    " CREATE INDEX runs_listing_idx ON runlane.runs (tenant, created_at DESC, id);"
-    " CREATE INDEX runs_owner_listing_idx ON runlane.runs (tenant, user_id, created_at DESC, id);"
-    " CREATE INDEX runs_exceptional_listing_idx ON runlane.runs (tenant, created_at DESC, id DESC)"
-    " WHERE status IN ('failed', 'dead', 'cancelled', 'interrupted')"
+# The listing as before migration 0030: indexes on runs, no run_listing
+# (reset applies 0030 again).
+LISTING_ON_RUNS = (
+    "DROP TABLE runlane.run_listing;"
+    " DROP FUNCTION runlane.list_inserted_runs(), runlane.unlist_deleted_runs(),"
+    " runlane.unlist_truncated_runs(), runlane.refuse_relisting() CASCADE;"
+    " CREATE INDEX runs_listing_idx ON runlane.runs (hashtext(tenant), created_at DESC, id DESC);"
+    " CREATE INDEX runs_owner_listing_idx"
+    " ON runlane.runs (hashtext(tenant), hashtext(user_id), created_at DESC, id DESC);"
+    " CREATE STATISTICS runlane.runs_user_hash_stats (dependencies)"
+    " ON user_id, hashtext(user_id) FROM runlane.runs"
 )
 
 VARIANTS = {
@@ -145,7 +147,7 @@ VARIANTS = {
     "runlane-claim-planned-each-call": Variant(
         "runlane-claim-planned-each-call", sql=CLAIM_PLANNED_EACH_CALL
     ),
-    "runlane-text-listing-keys": Variant("runlane-text-listing-keys", sql=TEXT_LISTING_KEYS),
+    "runlane-listing-on-runs": Variant("runlane-listing-on-runs", sql=LISTING_ON_RUNS),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
     # /tmp/runlane-base <commit>`).

@@ -32,6 +32,19 @@ PRUNER_LOCK_KEY = 0x726C5F7072756E
 # its row.
 WORKER_FORGET_SECONDS = 3600.0
 
+# The statuses runs_exceptional_listing_idx holds (its predicate, migrations
+# 0021 and 0029): a listing of these alone reads that index.
+EXCEPTIONAL_STATUSES = frozenset(
+    {RunStatus.FAILED, RunStatus.DEAD, RunStatus.CANCELLED, RunStatus.INTERRUPTED}
+)
+
+
+def listing_query(statuses: Sequence[RunStatus] | None) -> str:
+    """The named query that lists runs of these statuses (any when None)."""
+    if statuses and set(statuses) <= EXCEPTIONAL_STATUSES:
+        return "list_exceptional_runs"
+    return "list_runs"
+
 
 def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
@@ -228,7 +241,7 @@ class RunStore:
         limit: int = 50,
     ) -> list[Run]:
         rows = await self._fetch_all(
-            "list_runs",
+            listing_query(statuses),
             {
                 "tenant": tenant,
                 "user_id": user_id,

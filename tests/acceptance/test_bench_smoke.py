@@ -202,14 +202,17 @@ def test_claim_cost_sql_experiment_smoke(bench_env: str, tmp_path: Path) -> None
     assert len(stored["trials"]) == len(stored["sql_trials"]) == 1
 
 
-def test_backend_instructions_smoke(tmp_path: Path) -> None:
-    # Counted, not timed: without the owner listing index each claim and
-    # outcome write has one index entry fewer to write, and the counts
-    # must show it.
+@pytest.mark.parametrize("submit_each", [False, True], ids=["batch", "each"])
+def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
+    # Counted, not timed: without the indexes of leased and of finished
+    # runs a claim and an outcome write have an index entry fewer each to
+    # write, and the counts must show it, whether the loop submits its runs
+    # in one INSERT or one by one.
     data = backend_instructions.run(
-        sql="DROP INDEX runlane.runs_owner_listing_idx",
+        sql="DROP INDEX runlane.runs_leased_idx; DROP INDEX runlane.runs_finished_idx",
         up_to=None,
-        submit=True,
+        submit=not submit_each,
+        submit_each=submit_each,
         batch=10,
         loops=(1, 2),
         pg_bin=backend_instructions.embedded_bin(),
@@ -218,27 +221,30 @@ def test_backend_instructions_smoke(tmp_path: Path) -> None:
     assert 0 < data["instructions_per_run"]["exp"] < data["instructions_per_run"]["base"]
     stored = json.loads(next(tmp_path.glob("backend_instructions*.json")).read_text())
     assert stored["instructions"] == data["instructions"]
+    assert stored["submit_each_in_loop"] is submit_each
 
 
-def test_text_listing_keys_variant_is_undone_for_the_next_system(bench_env: str) -> None:
-    # The variant puts back the listing indexes of before migration 0029 in
-    # the database every system shares; the next system's reset must bring
-    # 0029's back, or its trials would measure the variant.
+def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -> None:
+    # The variant puts back the listing indexes of runs of before migration
+    # 0030 in the database every system shares; the next system's reset
+    # must bring 0030's listing back, or its trials would measure the
+    # variant.
     from bench import runlane_system
     from bench.common import bench_database
     from bench.runlane_variants import VARIANTS
 
-    def listing_key() -> str:
+    def listing_layout() -> tuple[bool, bool]:
         row = conn.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = 'runs_listing_idx'"
+            "SELECT to_regclass('runlane.run_listing') IS NOT NULL,"
+            " to_regclass('runlane.runs_listing_idx') IS NOT NULL"
         ).fetchone()
         assert row is not None
-        return str(row[0])
+        return bool(row[0]), bool(row[1])
 
-    variant = VARIANTS["runlane-text-listing-keys"]
+    variant = VARIANTS["runlane-listing-on-runs"]
     with bench_database("variant_smoke") as url, psycopg.connect(url, autocommit=True) as conn:
         variant.setup(url)
         variant.reset(url)
-        assert "hashtext" not in listing_key()
+        assert listing_layout() == (False, True)
         runlane_system.reset(url)
-        assert "hashtext(tenant)" in listing_key()
+        assert listing_layout() == (True, False)

@@ -38,7 +38,7 @@ RUNS_PER_ROUND = 2_000
 LANE_RUNS_PER_ROUND = 500
 LANES = 100
 AGENT = "bloat"
-TABLES = ("runs", "run_attempts", "run_events", "run_effects", "requests", "lanes")
+TABLES = ("runs", "run_listing", "run_attempts", "run_events", "run_effects", "requests", "lanes")
 # Rounds before sizes are compared: the first rounds fill the free space
 # that later rounds reuse.
 WARM_UP_ROUNDS = 4

@@ -645,10 +645,10 @@ async def test_listing_pages_with_a_cursor(service: RunService) -> None:
 async def test_names_sharing_a_hash_see_only_their_own_runs(
     service: RunService, store: RunStore, sql: Conn
 ) -> None:
-    # The listing indexes are keyed by hashtext(tenant) and
-    # hashtext(user_id) (migration 0029). These names collide, so only the
-    # check of the names themselves keeps one tenant's or owner's runs out
-    # of the other's pages and counts.
+    # The listing of the rare statuses is keyed by hashtext(tenant)
+    # (migration 0029; the others are read by name, 0030). These names
+    # collide, so only the check of the names themselves keeps one tenant's
+    # or owner's runs out of the other's pages and counts.
     t1, t2, u1, u2 = "tenant-60489", "tenant-120827", "user-255858", "user-299228"
     assert sql.execute(
         "SELECT hashtext(%s) = hashtext(%s) AND hashtext(%s) = hashtext(%s)", (t1, t2, u1, u2)
@@ -664,9 +664,16 @@ async def test_names_sharing_a_hash_see_only_their_own_runs(
     assert ids(await service.list_runs(tenant=t2, user_id=u1)) == theirs
     assert ids(await service.list_runs(tenant=t1)) == mine | other_owner
     assert ids(await service.list_runs(tenant=t1, user_id=u2)) == other_owner
-    # An operator's listing skips through the hashes: both tenants share one.
     assert ids(await service.list_runs()) == mine | theirs | other_owner
     assert await store.count_runs_by_status(tenant=t2) == {RunStatus.PENDING: 2}
+    for run_id in mine | theirs | other_owner:
+        await service.cancel(run_id)
+    cancelled = [RunStatus.CANCELLED]
+    assert ids(await service.list_runs(tenant=t1, statuses=cancelled)) == mine | other_owner
+    assert ids(await service.list_runs(tenant=t2, statuses=cancelled)) == theirs
+    assert ids(await service.list_runs(tenant=t1, user_id=u2, statuses=cancelled)) == other_owner
+    # An operator's listing skips through the hashes: both tenants share one.
+    assert ids(await service.list_runs(statuses=cancelled)) == mine | theirs | other_owner
 
 
 async def test_idempotency_keys_belong_to_their_user(service: RunService) -> None:

@@ -107,28 +107,64 @@ WHERE r.id = %(run_id)s;
 
 -- name: list_runs
 -- Newest first; the cursor is the (created_at, id) of the last row seen.
--- Each tenant's page is read through its listing indexes, which all begin
--- with hashtext(tenant) (migration 0029): a page asks for the tenant's
--- hash and checks the tenant itself on the row. The hash is written so
--- that it folds to a constant when the tenant is given (COALESCE of a
--- constant), where the statistics of 0029 know that it and the tenant
--- select the same rows (as a parameter from the tenants' list, the
--- planner would count it again on top of the tenant's own clause and
--- underestimate a tenant's rows by their number of tenants; without
--- those statistics, an owner's page of 50 read and sorted all 200 of the
--- owner's runs: test_query_plans). Without a tenant (an
--- operator's view) the hashes are found by skipping through
--- runs_listing_idx, one descent per hash, and the page is the newest of
--- their pages. (Read as one scan, every run ever stored was read and
--- sorted for a page: 300,020 rows for 50 runs;
--- tests/integration/test_query_plans.py.)
+-- A page is read through run_listing (migration 0030) in its order, by
+-- tenant or by owner, each listed run fetched by primary key and the
+-- other filters checked on it. The tenant is written so that it folds to a
+-- constant when it is given (COALESCE of a constant). Without a tenant (an
+-- operator's view) the tenants are found by skipping through
+-- run_listing_tenant_idx, one descent per tenant, and the page is the
+-- newest of their pages. (Read as one scan, every run ever stored was
+-- read and sorted for a page: 300,020 rows for 50 runs;
+-- tests/integration/test_query_plans.py.) A listing of the rare statuses
+-- alone is list_exceptional_runs.
+WITH RECURSIVE tenants AS (
+    SELECT coalesce(%(tenant)s::text,
+                    (SELECT l.tenant FROM runlane.run_listing AS l
+                     ORDER BY l.tenant LIMIT 1)) AS tenant
+    UNION ALL
+    SELECT (SELECT l.tenant FROM runlane.run_listing AS l
+            WHERE l.tenant > t.tenant
+            ORDER BY l.tenant LIMIT 1)
+    FROM tenants AS t
+    WHERE t.tenant IS NOT NULL AND %(tenant)s::text IS NULL
+)
+SELECT page.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = page.request_id)
+           AS client_request_id
+FROM tenants CROSS JOIN LATERAL (
+    SELECT r.* FROM runlane.run_listing AS l JOIN runlane.runs AS r ON r.id = l.run_id
+    WHERE l.tenant = coalesce(%(tenant)s::text, tenants.tenant)
+      AND (%(user_id)s::text IS NULL OR l.user_id = %(user_id)s)
+      AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s)
+      AND (%(statuses)s::text[] IS NULL OR r.status = ANY(%(statuses)s))
+      AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+      AND (%(before_created_at)s::timestamptz IS NULL
+           OR (l.created_at, l.run_id) < (%(before_created_at)s, %(before_id)s::uuid))
+    ORDER BY l.created_at DESC, l.run_id DESC
+    LIMIT %(limit)s
+) AS page
+ORDER BY page.created_at DESC, page.id DESC
+LIMIT %(limit)s;
+
+-- name: list_exceptional_runs
+-- list_runs for statuses that are all among failed, dead, cancelled and
+-- interrupted (RunStore decides): read through
+-- runs_exceptional_listing_idx, which holds only those runs, instead of
+-- walking every run of the tenant for a few of them. The status list is
+-- written out as the index's predicate, so that even a generic plan may
+-- use the index. Its key begins with hashtext(tenant) (0029): a page asks
+-- for the tenant's hash and checks the tenant on the row, where the
+-- statistics of 0029 know that the two select the same rows. Without a
+-- tenant, the distinct hashes are skipped through in the index itself,
+-- and a hash's page holds every tenant of that hash.
 WITH RECURSIVE tenants AS (
     SELECT coalesce(hashtext(%(tenant)s::text),
                     (SELECT hashtext(r.tenant) FROM runlane.runs AS r
+                     WHERE r.status IN ('failed', 'dead', 'cancelled', 'interrupted')
                      ORDER BY hashtext(r.tenant) LIMIT 1)) AS tenant_hash
     UNION ALL
     SELECT (SELECT hashtext(r.tenant) FROM runlane.runs AS r
-            WHERE hashtext(r.tenant) > t.tenant_hash
+            WHERE r.status IN ('failed', 'dead', 'cancelled', 'interrupted')
+              AND hashtext(r.tenant) > t.tenant_hash
             ORDER BY hashtext(r.tenant) LIMIT 1)
     FROM tenants AS t
     WHERE t.tenant_hash IS NOT NULL AND %(tenant)s::text IS NULL
@@ -139,10 +175,10 @@ FROM tenants CROSS JOIN LATERAL (
     SELECT * FROM runlane.runs
     WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), tenants.tenant_hash)
       AND (%(tenant)s::text IS NULL OR runs.tenant = %(tenant)s)
-      AND (%(user_id)s::text IS NULL
-           OR (hashtext(user_id) = hashtext(%(user_id)s) AND user_id = %(user_id)s))
+      AND status IN ('failed', 'dead', 'cancelled', 'interrupted')
+      AND status = ANY(%(statuses)s::text[])
+      AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
       AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
-      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
       AND (%(agent)s::text IS NULL OR agent = %(agent)s)
       AND (%(before_created_at)s::timestamptz IS NULL
            OR (created_at, id) < (%(before_created_at)s, %(before_id)s::uuid))
@@ -524,9 +560,8 @@ LIMIT %(limit)s;
 SELECT * FROM runlane.run_attempts WHERE run_id = %(run_id)s ORDER BY attempt;
 
 -- name: count_runs_by_status
--- A tenant's runs through its listing index (hashtext(tenant) first,
--- migration 0029), the tenant checked on the row.
-SELECT status, count(*) AS count FROM runlane.runs
-WHERE (%(tenant)s::text IS NULL
-       OR (hashtext(tenant) = hashtext(%(tenant)s) AND tenant = %(tenant)s))
-GROUP BY status;
+-- A tenant's runs through its listing (migration 0030).
+SELECT r.status, count(*) AS count
+FROM runlane.run_listing AS l JOIN runlane.runs AS r ON r.id = l.run_id
+WHERE %(tenant)s::text IS NULL OR l.tenant = %(tenant)s
+GROUP BY r.status;
