@@ -674,11 +674,11 @@ async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
 
 
 async def test_an_owners_listing_reads_a_page_not_the_owners_history(sql: Conn) -> None:
-    # The listing indexes begin with hashtext(tenant) and hashtext(user_id)
-    # and a page also checks the names (migration 0029). Counted as
-    # independent, hash and name made an owner's 200 runs look like one,
-    # and the page was planned as a read and sort of all of them. 30 tenants
-    # of 5 owners, 200 runs each.
+    # An owner's page is read through run_listing_owner_idx and each run
+    # fetched by id (migration 0030). Planned from clauses the planner
+    # counted as independent (the hash-led indexes of 0029 without their
+    # statistics), the page was a read and sort of all the owner's runs.
+    # 30 tenants of 5 owners, 200 runs each.
     sql.execute(
         "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, status,"
         " finished_at, created_at)"
