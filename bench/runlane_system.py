@@ -4,7 +4,7 @@ worker process."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -50,24 +50,42 @@ def reset(url: str) -> None:
         conn.execute("DELETE FROM runlane.tenant_limits")
         # Undo the experiment of bench.runlane_variants, if one ran before.
         conn.execute("ALTER TABLE runlane.runs ENABLE TRIGGER runs_notify_status")
-        # Migrations that an experiment undid for its trials, applied again.
-        for version, applied in RESTORED_MIGRATIONS:
+        # Migrations that an experiment undid for its trials, put back.
+        for applied, restore in RESTORES:
             row = conn.execute(applied).fetchone()
             if row and not row[0]:
-                conn.execute(migration_sql(version).encode())
+                conn.execute(restore().encode())
 
 
-# (version, a query answering whether it is in effect): the claim's
-# settings of 0012 (runlane-claim-planned-each-call resets them); the
-# listing table of 0030 (runlane-listing-on-runs puts the listing indexes
-# back on runs).
-RESTORED_MIGRATIONS = (
+# 0030's listing as runlane-listing-on-runs leaves it: the listing rows
+# written at the insert again, the indexes on runs gone. The runs and their
+# listing rows are gone by then (the TRUNCATE above).
+LISTING_RESTORED = (
+    "DROP INDEX runlane.runs_listing_idx, runlane.runs_owner_listing_idx;"
+    " DROP STATISTICS runlane.runs_user_hash_stats;"
+    " CREATE TRIGGER runs_list_inserted AFTER INSERT ON runlane.runs"
+    " REFERENCING NEW TABLE AS inserted_runs"
+    " FOR EACH STATEMENT EXECUTE FUNCTION runlane.list_inserted_runs();"
+    " CREATE TRIGGER runs_refuse_relisting"
+    " BEFORE UPDATE OF tenant, user_id, created_at ON runlane.runs"
+    " FOR EACH ROW EXECUTE FUNCTION runlane.refuse_relisting()"
+)
+
+# (a query answering whether a migration's work is in effect, the SQL that
+# puts it back): the claim's settings of 0012 (runlane-claim-planned-each-
+# call resets them); the listing of 0030 (runlane-listing-on-runs puts the
+# listing indexes back on runs).
+RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
     (
-        12,
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
         " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
+        lambda: migration_sql(12),
     ),
-    (30, "SELECT to_regclass('runlane.run_listing') IS NOT NULL"),
+    (
+        "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'runs_list_inserted'"
+        " AND tgrelid = 'runlane.runs'::regclass)",
+        lambda: LISTING_RESTORED,
+    ),
 )
 
 

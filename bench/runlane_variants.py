@@ -118,12 +118,14 @@ CLAIM_PLANNED_EACH_CALL = (
     f" ALTER FUNCTION {UNCAPPED_CLAIM} SET plan_cache_mode = force_custom_plan"
 )
 
-# The listing as before migration 0030: indexes on runs, no run_listing
-# (reset applies 0030 again).
+# The listing as before migration 0030: indexes on runs, and no listing
+# rows written at the insert (run_listing stays, empty: the trigger of
+# 0031 that deletes what goes with deleted runs reads it, and a
+# burn-down deletes no runs). runlane_system.reset puts 0030 back.
 LISTING_ON_RUNS = (
-    "DROP TABLE runlane.run_listing;"
-    " DROP FUNCTION runlane.list_inserted_runs(), runlane.unlist_deleted_runs(),"
-    " runlane.unlist_truncated_runs(), runlane.refuse_relisting() CASCADE;"
+    "DROP TRIGGER runs_list_inserted ON runlane.runs;"
+    " DROP TRIGGER runs_refuse_relisting ON runlane.runs;"
+    " TRUNCATE runlane.run_listing;"
     " CREATE INDEX runs_listing_idx ON runlane.runs (hashtext(tenant), created_at DESC, id DESC);"
     " CREATE INDEX runs_owner_listing_idx"
     " ON runlane.runs (hashtext(tenant), hashtext(user_id), created_at DESC, id DESC);"

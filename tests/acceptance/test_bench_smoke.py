@@ -235,7 +235,7 @@ def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -
 
     def listing_layout() -> tuple[bool, bool]:
         row = conn.execute(
-            "SELECT to_regclass('runlane.run_listing') IS NOT NULL,"
+            "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'runs_list_inserted'),"
             " to_regclass('runlane.runs_listing_idx') IS NOT NULL"
         ).fetchone()
         assert row is not None
@@ -248,3 +248,6 @@ def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -
         assert listing_layout() == (False, True)
         runlane_system.reset(url)
         assert listing_layout() == (True, False)
+        runlane_system.insert_pending(conn, 3)
+        row = conn.execute("SELECT count(*) FROM runlane.run_listing").fetchone()
+        assert row == (3,)

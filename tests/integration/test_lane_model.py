@@ -447,9 +447,9 @@ class Env:
 
     def reset(self) -> None:
         """Empties the lanes and runs for the next example. DELETE of a few
-        rows is far quicker than TRUNCATE (or a new database); attempts
-        (runs_delete_attempts, migration 0027), events and effects (ON
-        DELETE CASCADE) go with their runs."""
+        rows is far quicker than TRUNCATE (or a new database); attempts and
+        listing rows (runs_delete_dependents, migrations 0027-0031), events
+        and effects (ON DELETE CASCADE) go with their runs."""
         self.sql.execute(
             "DELETE FROM runlane.runs; DELETE FROM runlane.requests; DELETE FROM runlane.lanes"
         )

@@ -284,12 +284,15 @@ async def test_pruning_runs_finds_their_requests_by_index(lane_history: None, sq
         assert row == (500,)
 
 
-async def test_pruning_runs_finds_their_attempts_by_index(history: None, sql: Conn) -> None:
-    # A deleted run's attempts go with it in runs_delete_attempts (migration
-    # 0027): one DELETE per statement, which must reach them through
-    # run_attempts' primary key even with statistics taken while the table
-    # was empty, not read every attempt of the history.
-    sql.execute("ANALYZE runlane.run_attempts")
+async def test_pruning_runs_finds_their_attempts_and_listing_by_index(
+    history: None, sql: Conn
+) -> None:
+    # A deleted run's attempts and listing row go with it in
+    # runs_delete_dependents (migrations 0027, 0030, 0031): one DELETE of
+    # each per statement, which must reach them through their primary keys
+    # even with statistics taken while the tables were empty, not read
+    # every attempt and listing row of the history.
+    sql.execute("ANALYZE runlane.run_attempts, runlane.run_listing")
     sql.execute(
         "INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token, ended_at,"
         " outcome) SELECT id, 1, 'w', gen_random_uuid(), now(), 'completed' FROM runlane.runs"
@@ -300,19 +303,20 @@ async def test_pruning_runs_finds_their_attempts_by_index(history: None, sql: Co
         " THEN now() - interval '30 days' ELSE finished_at END"
     )
     with sql.transaction(force_rollback=True):
-        scans_before, rows_before = table_reads_in_session(sql, "run_attempts")
+        before = {t: table_reads_in_session(sql, t) for t in ("run_attempts", "run_listing")}
         deleted = [
             row[0] for row in sql.execute(named_queries("queries.sql")["prune_runs"], PRUNE_ALL)
         ]
         assert len(deleted) == 5
-        scans_after, rows_after = table_reads_in_session(sql, "run_attempts")
-        assert scans_after == scans_before
-        assert rows_after - rows_before < 100
-        left = sql.execute(
-            "SELECT count(*), count(*) FILTER (WHERE run_id = ANY(%s)) FROM runlane.run_attempts",
-            (deleted,),
-        ).fetchone()
-        assert left == (HISTORY - 5, 0)
+        for table, (scans_before, rows_before) in before.items():
+            scans_after, rows_after = table_reads_in_session(sql, table)
+            assert scans_after == scans_before, table
+            assert rows_after - rows_before < 100, table
+            left = sql.execute(
+                f"SELECT count(*), count(*) FILTER (WHERE run_id = ANY(%s)) FROM runlane.{table}",
+                (deleted,),
+            ).fetchone()
+            assert left == (HISTORY - 5, 0), table
 
 
 async def test_pruning_requests_finds_their_runs_by_index(lane_history: None, sql: Conn) -> None:
