@@ -1,7 +1,8 @@
 """PostgreSQL's instructions per claimed and finished run, counted by callgrind.
 
     python -m bench.backend_instructions [--sql SQL | --sql-file FILE] [--up-to VERSION]
-                                         [--submit | --submit-each] [--batch 200]
+                                         [--submit | --submit-each] [--events K]
+                                         [--batch 200]
                                          [--loops 10,30]
                                          [--pg-bin DIR] [--tag _s19] [--out-dir DIR]
 
@@ -16,7 +17,8 @@ each loop count N a copy of the data directory is served by
 DO block: N times { ``claim_runs`` of ``batch`` runs; COMMIT;
 ``finish_attempts`` (completed); COMMIT }, with ``--submit`` an INSERT of
 ``batch`` runs first, with ``--submit-each`` ``batch`` INSERTs of one run
-each (as submits through the API come). Instructions per run are
+each (as submits through the API come), with ``--events K`` K calls of
+``append_event`` for each claimed run before the finish (then COMMIT). Instructions per run are
 (I(N2) - I(N1)) / ((N2 - N1) x batch): start-up, the block's compilation
 and the first plans cancel out. The counts do not depend on what else the
 machine is doing; two clusters built alike differ by about 0.5% (random
@@ -53,6 +55,7 @@ BEGIN
     FROM runlane.claim_runs('bench-worker', NULL, {batch}, 60, 60) AS c;
     COMMIT;
     n := array_length(ids, 1);
+    {emit}
     PERFORM * FROM runlane.finish_attempts(
       ids, tokens, array_fill('completed'::text, ARRAY[n]),
       array_fill(NULL::jsonb, ARRAY[n]), array_fill(NULL::jsonb, ARRAY[n]),
@@ -76,6 +79,16 @@ INSERT_EACH_RUN = (
     "FOR j IN 1..{n} LOOP"
     " INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
     " VALUES ('bench', '{{}}', 3, clock_timestamp()); END LOOP"
+)
+
+
+# Events emitted by each claimed run before it finishes, each by its own
+# fenced append (a one-row UPDATE of runs and an INSERT of run_events), as
+# a handler's ctx.emit writes them.
+EMIT_EVENTS = (
+    "FOR j IN 1..n LOOP FOR k IN 1..{events} LOOP"
+    " PERFORM runlane.append_event(ids[j], tokens[j], 'token', '{{}}');"
+    " END LOOP; END LOOP; COMMIT;"
 )
 
 
@@ -193,6 +206,7 @@ def run(
     tag: str = "",
     out_dir: Path | None = None,
     submit_each: bool = False,
+    events: int = 0,
 ) -> dict[str, Any]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -214,11 +228,12 @@ def run(
             submit_sql = INSERT_RUNS.format(n=batch) + "; COMMIT;"
         elif submit_each:
             submit_sql = INSERT_EACH_RUN.format(n=batch) + "; COMMIT;"
+        emit_sql = EMIT_EVENTS.format(events=events) if events else ""
         with ThreadPoolExecutor(2) as pool:
             jobs = {
                 (name, n): pool.submit(
                     cluster.count,
-                    LOOP.format(loops=n, batch=batch, submit=submit_sql),
+                    LOOP.format(loops=n, batch=batch, submit=submit_sql, emit=emit_sql),
                     str(n),
                 )
                 for name, cluster in clusters.items()
@@ -242,6 +257,7 @@ def run(
         "migrations_up_to": up_to,
         "submit_in_loop": submit,
         "submit_each_in_loop": submit_each,
+        "events_per_run": events,
         "batch": batch,
         "loops": list(loops),
         "instructions": totals,
@@ -263,6 +279,9 @@ def main() -> None:
     submitted.add_argument("--submit", action="store_true", help="insert each batch in the loop")
     submitted.add_argument(
         "--submit-each", action="store_true", help="insert each run of a batch by itself"
+    )
+    parser.add_argument(
+        "--events", type=int, default=0, help="events each run appends before it finishes"
     )
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--loops", default="10,30", help="two loop counts, fewer first")
@@ -286,6 +305,7 @@ def main() -> None:
         tag=args.tag,
         out_dir=args.out_dir,
         submit_each=args.submit_each,
+        events=args.events,
     )
     per_run = data["instructions_per_run"]
     print(data["postgres"])

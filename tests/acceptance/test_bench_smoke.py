@@ -224,6 +224,25 @@ def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
     assert stored["submit_each_in_loop"] is submit_each
 
 
+def test_backend_instructions_counts_the_events_of_each_run(tmp_path: Path) -> None:
+    # With --events the runs append events before they finish: an index on
+    # run_events, which nothing else writes, then costs the experiment
+    # instructions per run.
+    data = backend_instructions.run(
+        sql="CREATE INDEX ON runlane.run_events (kind, data)",
+        up_to=None,
+        submit=True,
+        events=3,
+        batch=10,
+        loops=(1, 2),
+        pg_bin=backend_instructions.embedded_bin(),
+        out_dir=tmp_path,
+    )
+    # Two clusters built alike differ by about 0.5% (random run ids).
+    assert data["instructions_per_run"]["exp"] > 1.01 * data["instructions_per_run"]["base"] > 0
+    assert data["events_per_run"] == 3
+
+
 def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -> None:
     # The variant puts back the listing indexes of runs of before migration
     # 0030 in the database every system shares; the next system's reset
