@@ -35,15 +35,17 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-def migrate(conninfo: str) -> list[Migration]:
-    """Applies every missing migration; returns those this call applied.
+def migrate(conninfo: str, *, up_to: int | None = None) -> list[Migration]:
+    """Applies every missing migration (up to version ``up_to``, when
+    given: an upgrade's tests start from an older schema); returns those
+    this call applied.
 
     A session-level advisory lock serialises concurrent callers, so ten
     processes starting at once apply each migration exactly once.
     """
     # Read-only first: an up-to-date schema needs no lock and no DDL rights,
     # so a least-privilege application role can start every command.
-    if not pending_migrations(conninfo):
+    if not [m for m in pending_migrations(conninfo) if up_to is None or m.version <= up_to]:
         return []
     applied_now: list[Migration] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -61,7 +63,7 @@ def migrate(conninfo: str) -> list[Migration]:
             )
             done = {row[0] for row in conn.execute("SELECT version FROM runlane.schema_migrations")}
             for migration in available_migrations():
-                if migration.version in done:
+                if migration.version in done or (up_to is not None and migration.version > up_to):
                     continue
                 with conn.transaction():
                     conn.execute(migration.sql.encode())

@@ -272,6 +272,38 @@ async def test_attempt_rows_go_with_their_runs(
     assert left == [(kept.id,)]
 
 
+async def test_a_run_takes_only_known_statuses_and_kinds(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # A run's status and kind are checked by the domains runlane.run_status
+    # and runlane.run_kind (migration 0032), by whichever statement writes
+    # them: an INSERT, an operator's UPDATE. A refused write leaves the run
+    # as it was, and the lease check still ties a leased status to a lease
+    # token.
+    run, _ = await service.submit("a", {})
+    with pytest.raises(psycopg.errors.CheckViolation, match="run_status_check"):
+        sql.execute("UPDATE runlane.runs SET status = 'paused' WHERE id = %s", (run.id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="run_kind_check"):
+        sql.execute("UPDATE runlane.runs SET kind = 'batch' WHERE id = %s", (run.id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="run_status_check"):
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, status)"
+            " VALUES ('a', '{}', 3, 'Pending')"
+        )
+    with pytest.raises(psycopg.errors.CheckViolation, match="run_kind_check"):
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, kind)"
+            " VALUES ('a', '{}', 3, 'Direct')"
+        )
+    with pytest.raises(psycopg.errors.CheckViolation, match="runs_lease_check"):
+        sql.execute("UPDATE runlane.runs SET status = 'running' WHERE id = %s", (run.id,))
+    assert (await store.get_run(run.id)) == run
+    row = sql.execute("SELECT count(*) FROM runlane.runs").fetchone()
+    assert row == (1,)
+    claimed = await claim_one(store)
+    assert claimed.run.id == run.id and claimed.run.status is RunStatus.RUNNING
+
+
 async def test_every_final_status_is_notified_to_the_streams(
     service: RunService, store: RunStore, sql: Conn, db_url: str
 ) -> None:
