@@ -18,9 +18,9 @@ DO block: N times { ``claim_runs`` of ``batch`` runs; COMMIT;
 ``finish_attempts`` (completed); COMMIT }, with ``--submit`` an INSERT of
 ``batch`` runs first, with ``--submit-each`` ``batch`` INSERTs of one run
 each (as submits through the API come), with ``--events K`` K calls of
-``append_event`` for each claimed run before the finish (then COMMIT). Instructions per run are
-(I(N2) - I(N1)) / ((N2 - N1) x batch): start-up, the block's compilation
-and the first plans cancel out. The counts do not depend on what else the
+``append_event`` for each claimed run before the finish (then COMMIT).
+Instructions per run are (I(N2) - I(N1)) / ((N2 - N1) x batch): start-up,
+the block's compilation and the first plans cancel out. The counts do not depend on what else the
 machine is doing; two clusters built alike differ by about 0.5% (random
 run ids), so they show changes of a few per cent that timings on a shared
 machine cannot.
