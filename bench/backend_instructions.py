@@ -174,17 +174,13 @@ class Cluster:
 
 
 def prepare(cluster: Cluster, up_to: int | None, sql: str | None, pending: int) -> None:
-    from runlane.migrations import available_migrations
+    from runlane.migrations import migrate
 
     cluster.init()
     cluster.start()
     try:
+        migrate(cluster.url(), up_to=up_to)
         with psycopg.connect(cluster.url(), autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA runlane")
-            for migration in available_migrations():
-                if up_to is None or migration.version <= up_to:
-                    with conn.transaction():
-                        conn.execute(migration.sql.encode())
             if sql:
                 with conn.transaction():
                     conn.execute(sql.encode())

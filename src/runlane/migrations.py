@@ -21,7 +21,9 @@ class Migration:
     sql: str
 
 
-def available_migrations() -> list[Migration]:
+def available_migrations(up_to: int | None = None) -> list[Migration]:
+    """The packaged migrations in order (those up to version ``up_to``,
+    when given: an upgrade's tests start from an older schema)."""
     folder = resources.files("runlane").joinpath("sql/migrations")
     found = []
     for entry in folder.iterdir():
@@ -32,20 +34,19 @@ def available_migrations() -> list[Migration]:
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise RuntimeError(f"duplicate migration versions: {versions}")
-    return found
+    return [m for m in found if up_to is None or m.version <= up_to]
 
 
 def migrate(conninfo: str, *, up_to: int | None = None) -> list[Migration]:
     """Applies every missing migration (up to version ``up_to``, when
-    given: an upgrade's tests start from an older schema); returns those
-    this call applied.
+    given); returns those this call applied.
 
     A session-level advisory lock serialises concurrent callers, so ten
     processes starting at once apply each migration exactly once.
     """
     # Read-only first: an up-to-date schema needs no lock and no DDL rights,
     # so a least-privilege application role can start every command.
-    if not [m for m in pending_migrations(conninfo) if up_to is None or m.version <= up_to]:
+    if not pending_migrations(conninfo, up_to=up_to):
         return []
     applied_now: list[Migration] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -62,8 +63,8 @@ def migrate(conninfo: str, *, up_to: int | None = None) -> list[Migration]:
                 """
             )
             done = {row[0] for row in conn.execute("SELECT version FROM runlane.schema_migrations")}
-            for migration in available_migrations():
-                if migration.version in done or (up_to is not None and migration.version > up_to):
+            for migration in available_migrations(up_to):
+                if migration.version in done:
                     continue
                 with conn.transaction():
                     conn.execute(migration.sql.encode())
@@ -77,8 +78,9 @@ def migrate(conninfo: str, *, up_to: int | None = None) -> list[Migration]:
     return applied_now
 
 
-def pending_migrations(conninfo: str) -> list[Migration]:
-    """Migrations not yet applied (all of them on an empty database)."""
+def pending_migrations(conninfo: str, *, up_to: int | None = None) -> list[Migration]:
+    """Migrations not yet applied (all of them on an empty database), up to
+    version ``up_to`` when given."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         exists = conn.execute(
             "SELECT to_regclass('runlane.schema_migrations') IS NOT NULL"
@@ -86,4 +88,4 @@ def pending_migrations(conninfo: str) -> list[Migration]:
         done: set[int] = set()
         if exists and exists[0]:
             done = {row[0] for row in conn.execute("SELECT version FROM runlane.schema_migrations")}
-    return [m for m in available_migrations() if m.version not in done]
+    return [m for m in available_migrations(up_to) if m.version not in done]
