@@ -14,17 +14,8 @@ from typing import Any
 import psycopg
 
 from runlane.migrations import migrate
+from runlane.models import RunStatus
 
-STATUSES = [
-    "pending",
-    "running",
-    "cancel_requested",
-    "completed",
-    "failed",
-    "dead",
-    "cancelled",
-    "interrupted",
-]
 KINDS = ["direct", "request", "resume"]
 
 
@@ -38,8 +29,8 @@ def runs_as_stored(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 def test_runs_of_every_status_and_kind_come_through_0032(empty_db_url: str) -> None:
     migrate(empty_db_url, up_to=31)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
-        for i, status in enumerate(STATUSES * 3):
-            leased = status in ("running", "cancel_requested")
+        for i, status in enumerate(list(RunStatus) * 3):
+            leased = status in (RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED)
             conn.execute(
                 "INSERT INTO runlane.runs (agent, input, max_attempts, status, kind, lease_token,"
                 " worker_id, tenant) VALUES ('a', '{}', 3, %s, %s, %s, %s, %s)",
