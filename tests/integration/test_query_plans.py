@@ -115,6 +115,45 @@ async def test_the_outcome_write_finds_the_run_by_primary_key(
         assert rows_read(sql, "runs") - rows_before < 10
 
 
+async def test_an_attempts_end_is_found_by_primary_key_and_written_in_place(
+    leased: list[tuple[UUID, UUID]], sql: Conn
+) -> None:
+    # Migration 0033: run_attempts has no index on lease_token alone and
+    # half-filled pages, so the outcome write reaches each attempt through
+    # the primary key and ends it with a HOT update (no new index entry)
+    # while its page has room: with one transaction ending every attempt
+    # of a page, about four in five (the rest find the page full).
+    ended = leased[:200]
+    params: dict[str, Any] = {
+        "run_ids": [run_id for run_id, _ in ended],
+        "lease_tokens": [token for _, token in ended],
+        "outcomes": ["completed"] * len(ended),
+        "outputs": [None] * len(ended),
+        "errors": [None] * len(ended),
+        "retry_delays": [None] * len(ended),
+        "interrupts": [None] * len(ended),
+        "interrupt_expires": [None] * len(ended),
+        "notify": False,
+    }
+    with sql.transaction():
+        scans_before = index_scans(sql, "run_attempts")
+        rows_before = rows_read(sql, "run_attempts")
+        hot_before = hot_updates(sql, "run_attempts")
+        finished = sql.execute(named_queries("queries.sql")["finish_attempts"], params).fetchall()
+        assert len(finished) == len(ended)
+        scans_after = index_scans(sql, "run_attempts")
+        scanned = {name for name, n in scans_after.items() if n > scans_before[name]}
+        assert scanned == {"run_attempts_pkey"}, scanned
+        assert rows_read(sql, "run_attempts") - rows_before <= 2 * len(ended)
+        assert hot_updates(sql, "run_attempts") - hot_before >= len(ended) * 3 // 4
+    row = sql.execute(
+        "SELECT count(*) FROM runlane.run_attempts"
+        " WHERE run_id = ANY(%s) AND outcome = 'completed' AND ended_at IS NOT NULL",
+        (params["run_ids"],),
+    ).fetchone()
+    assert row == (len(ended),)
+
+
 async def test_a_heartbeat_checks_each_lease_by_primary_key(
     leased: list[tuple[UUID, UUID]], sql: Conn
 ) -> None:
@@ -371,6 +410,17 @@ def listing_reads(sql: Conn) -> tuple[int, int]:
 def most_read(before: tuple[int, int], after: tuple[int, int]) -> int:
     """The most rows a listing read from one of runs and run_listing."""
     return max(a - b for a, b in zip(after, before, strict=True))
+
+
+def hot_updates(sql: Conn, table: str) -> int:
+    """HOT updates of runlane.<table> not yet reported (as sequential_scans)."""
+    row = sql.execute(
+        "SELECT n_tup_hot_upd FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'runlane' AND relname = %s",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def index_scans(sql: Conn, table: str) -> dict[str, int]:

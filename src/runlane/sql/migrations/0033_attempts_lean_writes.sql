@@ -1,0 +1,29 @@
+-- run_attempts: no unique index on lease_token, and room on its pages for
+-- each attempt's end.
+--
+-- Every claim inserts an attempt row and every outcome write (and the
+-- reaper) updates it, finding it by run_id and lease token: the primary
+-- key (run_id, attempt) reaches a run's few attempts and the token is
+-- tested on them. Nothing reads the table by lease token alone, so the
+-- unique index on it was an entry at a random place in a uuid index for
+-- every claim, kept for a uniqueness that gen_random_uuid already gives
+-- (122 random bits) and that no fence relies on: a fenced write names the
+-- run and its token together.
+--
+-- The table was filled to its pages' brim, so an attempt's end (ended_at,
+-- outcome, error) never fit beside it: each was a new row version on
+-- another page with new entries in both indexes. Half-filled pages let
+-- most ends be HOT updates (no index entry; four in five when one
+-- transaction ends every attempt of a page). That costs no room overall:
+-- an end that moved left its old version's space behind, so 20,000
+-- attempts inserted and ended 200 at a time took 551 heap and 217
+-- primary-key pages in full pages, 601 and 149 in half-filled ones (after
+-- VACUUM).
+--
+-- Counted with callgrind (twenty-second session, BENCHMARKS.md section 1),
+-- a backend claiming 200 runs at a time and finishing them runs 11%
+-- fewer instructions per run with both (PostgreSQL 15 and 18), 4-5% with
+-- each run submitted by its own INSERT; timings had shown nothing
+-- (sixteenth session: inside the rounds' spread).
+ALTER TABLE runlane.run_attempts DROP CONSTRAINT run_attempts_lease_token_key;
+ALTER TABLE runlane.run_attempts SET (fillfactor = 50);
