@@ -74,7 +74,8 @@ LISTING_RESTORED = (
 # (a query answering whether a migration's work is in effect, the SQL that
 # puts it back): the claim's settings of 0012 (runlane-claim-planned-each-
 # call resets them); the listing of 0030 (runlane-listing-on-runs puts the
-# listing indexes back on runs).
+# listing indexes back on runs); run_attempts as 0033 leaves it
+# (runlane-attempts-before-0033 undoes it; the table is empty by then).
 RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
     (
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
@@ -85,6 +86,12 @@ RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
         "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'runs_list_inserted'"
         " AND tgrelid = 'runlane.runs'::regclass)",
         lambda: LISTING_RESTORED,
+    ),
+    (
+        "SELECT NOT EXISTS (SELECT FROM pg_constraint"
+        " WHERE conname = 'run_attempts_lease_token_key'"
+        " AND conrelid = 'runlane.run_attempts'::regclass)",
+        lambda: migration_sql(33),
     ),
 )
 

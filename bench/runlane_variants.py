@@ -34,6 +34,10 @@ change the benchmark database or the worker's settings, never src/.
   migration 0030, instead of the table run_listing written at the insert
   (the worker's queries never read them; every claim and outcome write
   adds entries to them): 0030's before/after.
+- ``runlane-attempts-before-0033``: ``run_attempts`` with its unique
+  index on ``lease_token`` and full pages, as before migration 0033 (every
+  claim adds an entry to that index; an attempt's end is never a HOT
+  update): 0033's before/after.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -133,6 +137,13 @@ LISTING_ON_RUNS = (
     " ON user_id, hashtext(user_id) FROM runlane.runs"
 )
 
+# run_attempts as before migration 0033; runlane_system.reset puts 0033 back.
+ATTEMPTS_BEFORE_0033 = (
+    "ALTER TABLE runlane.run_attempts"
+    " ADD CONSTRAINT run_attempts_lease_token_key UNIQUE (lease_token);"
+    " ALTER TABLE runlane.run_attempts RESET (fillfactor)"
+)
+
 VARIANTS = {
     "runlane-no-status-notify": Variant(
         "runlane-no-status-notify",
@@ -150,6 +161,9 @@ VARIANTS = {
         "runlane-claim-planned-each-call", sql=CLAIM_PLANNED_EACH_CALL
     ),
     "runlane-listing-on-runs": Variant("runlane-listing-on-runs", sql=LISTING_ON_RUNS),
+    "runlane-attempts-before-0033": Variant(
+        "runlane-attempts-before-0033", sql=ATTEMPTS_BEFORE_0033
+    ),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
     # /tmp/runlane-base <commit>`).

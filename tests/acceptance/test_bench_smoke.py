@@ -270,3 +270,28 @@ def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -
         runlane_system.insert_pending(conn, 3)
         row = conn.execute("SELECT count(*) FROM runlane.run_listing").fetchone()
         assert row == (3,)
+
+
+def test_attempts_before_0033_variant_is_undone_for_the_next_system(bench_env: str) -> None:
+    # The variant gives run_attempts its lease-token index and full pages
+    # back (before migration 0033) in the database every system shares; the
+    # next system's reset must bring 0033 back.
+    from bench import runlane_system
+    from bench.common import bench_database
+    from bench.runlane_variants import VARIANTS
+
+    def attempts_layout() -> tuple[bool, list[str] | None]:
+        row = conn.execute(
+            "SELECT to_regclass('runlane.run_attempts_lease_token_key') IS NOT NULL,"
+            " (SELECT reloptions FROM pg_class WHERE oid = 'runlane.run_attempts'::regclass)"
+        ).fetchone()
+        assert row is not None
+        return bool(row[0]), row[1]
+
+    variant = VARIANTS["runlane-attempts-before-0033"]
+    with bench_database("variant_smoke") as url, psycopg.connect(url, autocommit=True) as conn:
+        variant.setup(url)
+        variant.reset(url)
+        assert attempts_layout() == (True, None)
+        runlane_system.reset(url)
+        assert attempts_layout() == (False, ["fillfactor=50"])
