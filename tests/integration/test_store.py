@@ -12,6 +12,7 @@ import pytest
 
 from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge, RunFinished
 from runlane.models import ClaimedRun, LeaseState, Outcome, RunStatus
+from runlane.queries import named_queries
 from runlane.reaper import Reaper
 from runlane.service import RunService
 from runlane.store import REAPER_LOCK_KEY, ClaimSpec, Finish, RunStore
@@ -146,6 +147,35 @@ async def test_claim_order_is_priority_then_available_at_then_submission(
     )
     batch = await store.claim_batch(worker_id="w", limit=10, lease_seconds=30)
     assert [c.run.id for c in batch] == [high.id, earlier.id, low1.id, low2.id]
+
+
+@pytest.mark.parametrize("agents", [None, ["a"]], ids=["any-agent", "agent-list"])
+async def test_a_claim_locks_only_what_it_takes_while_no_run_has_aged(
+    sql: Conn, db_url: str, agents: list[str] | None
+) -> None:
+    # With aging on, a claim also reads and locks the oldest runs, which
+    # aging may rank first. While none has waited the aging interval none
+    # can be (migration 0034): the claim locks only the runs it takes, and
+    # other workers' claims meanwhile skip nothing else.
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, priority, created_at)"
+        " SELECT 'a', '{}', 3, g % 3, clock_timestamp() FROM generate_series(1, 30) AS g"
+    )
+    claim = named_queries("queries.sql")["claim_batch"]
+    spec = ClaimSpec(worker_id="w", limit=5, lease_seconds=30.0, agents=agents)
+    lockable = "SELECT count(*) FROM (SELECT FROM runlane.runs FOR UPDATE SKIP LOCKED) AS free"
+    for aged, free in ((False, 25), (True, 22)):
+        if aged:
+            # Every run has now waited 100 s: both lists are read and
+            # locked, the first five by priority and the five oldest.
+            sql.execute("UPDATE runlane.runs SET available_at = now() - interval '100 seconds'")
+        with psycopg.connect(db_url) as claimer:
+            claimed = claimer.execute(claim, {**spec.params(), "aging_seconds": 10.0}).fetchall()
+            assert len(claimed) == 5
+            # The candidates of the other list stay locked until the
+            # claim commits (two runs are in both lists here).
+            assert sql.execute(lockable).fetchone() == (free,)
+            claimer.rollback()
 
 
 @pytest.mark.parametrize("agents", [None, ["a", "b"]], ids=["any-agent", "agent-list"])
