@@ -75,7 +75,8 @@ LISTING_RESTORED = (
 # puts it back): the claim's settings of 0012 (runlane-claim-planned-each-
 # call resets them); the listing of 0030 (runlane-listing-on-runs puts the
 # listing indexes back on runs); run_attempts as 0033 leaves it
-# (runlane-attempts-before-0033 undoes it; the table is empty by then).
+# (runlane-attempts-before-0033 undoes it; the table is empty by then);
+# the uncapped claim of 0034 (runlane-before-0033-0034 puts 0027's back).
 RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
     (
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
@@ -92,6 +93,11 @@ RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
         " WHERE conname = 'run_attempts_lease_token_key'"
         " AND conrelid = 'runlane.run_attempts'::regclass)",
         lambda: migration_sql(33),
+    ),
+    (
+        "SELECT prosrc LIKE '%aged := EXISTS%' FROM pg_proc"
+        " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
+        lambda: migration_sql(34),
     ),
 )
 

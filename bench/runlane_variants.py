@@ -38,6 +38,9 @@ change the benchmark database or the worker's settings, never src/.
   index on ``lease_token`` and full pages, as before migration 0033 (every
   claim adds an entry to that index; an attempt's end is never a HOT
   update): 0033's before/after.
+- ``runlane-before-0033-0034``: the same, and the uncapped claim as
+  before migration 0034 (it reads and locks the oldest runs whether or
+  not one has aged): the two migrations' before/after together.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -46,6 +49,7 @@ change the benchmark database or the worker's settings, never src/.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -59,7 +63,7 @@ class Variant:
         self,
         name: str,
         *,
-        sql: str | None = None,
+        sql: str | Callable[[], str] | None = None,
         env: dict[str, str] | None = None,
         src_env: str | None = None,
         batch_divisor: int = 1,
@@ -92,8 +96,9 @@ class Variant:
     def reset(self, url: str) -> None:
         runlane_system.reset(url)
         if self._sql:
+            sql = self._sql() if callable(self._sql) else self._sql
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(self._sql)
+                conn.execute(sql.encode())
 
     def enqueue(self, url: str, n: int) -> None:
         runlane_system.enqueue(url, n)
@@ -144,6 +149,13 @@ ATTEMPTS_BEFORE_0033 = (
     " ALTER TABLE runlane.run_attempts RESET (fillfactor)"
 )
 
+
+def claim_before_0034() -> str:
+    """The uncapped claim of migration 0027 (0034 replaced it)."""
+    sql = runlane_system.migration_sql(27)
+    return sql[sql.index("CREATE OR REPLACE FUNCTION runlane.claim_uncapped_runs(") :]
+
+
 VARIANTS = {
     "runlane-no-status-notify": Variant(
         "runlane-no-status-notify",
@@ -163,6 +175,9 @@ VARIANTS = {
     "runlane-listing-on-runs": Variant("runlane-listing-on-runs", sql=LISTING_ON_RUNS),
     "runlane-attempts-before-0033": Variant(
         "runlane-attempts-before-0033", sql=ATTEMPTS_BEFORE_0033
+    ),
+    "runlane-before-0033-0034": Variant(
+        "runlane-before-0033-0034", sql=lambda: ATTEMPTS_BEFORE_0033 + "; " + claim_before_0034()
     ),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add

@@ -272,26 +272,35 @@ def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -
         assert row == (3,)
 
 
-def test_attempts_before_0033_variant_is_undone_for_the_next_system(bench_env: str) -> None:
-    # The variant gives run_attempts its lease-token index and full pages
-    # back (before migration 0033) in the database every system shares; the
-    # next system's reset must bring 0033 back.
+@pytest.mark.parametrize("name", ["runlane-attempts-before-0033", "runlane-before-0033-0034"])
+def test_variants_before_0033_are_undone_for_the_next_system(bench_env: str, name: str) -> None:
+    # The variants give run_attempts its lease-token index and full pages
+    # back (before migration 0033), and the second the claim of before 0034
+    # too, in the database every system shares; the next system's reset
+    # must bring both migrations back.
     from bench import runlane_system
     from bench.common import bench_database
     from bench.runlane_variants import VARIANTS
 
-    def attempts_layout() -> tuple[bool, list[str] | None]:
+    def layout() -> tuple[bool, list[str] | None, bool]:
         row = conn.execute(
             "SELECT to_regclass('runlane.run_attempts_lease_token_key') IS NOT NULL,"
-            " (SELECT reloptions FROM pg_class WHERE oid = 'runlane.run_attempts'::regclass)"
+            " (SELECT reloptions FROM pg_class WHERE oid = 'runlane.run_attempts'::regclass),"
+            " (SELECT prosrc LIKE '%%aged := EXISTS%%' FROM pg_proc"
+            "  WHERE oid = 'runlane.claim_uncapped_runs'::regproc)"
         ).fetchone()
         assert row is not None
-        return bool(row[0]), row[1]
+        return bool(row[0]), row[1], bool(row[2])
 
-    variant = VARIANTS["runlane-attempts-before-0033"]
+    variant = VARIANTS[name]
     with bench_database("variant_smoke") as url, psycopg.connect(url, autocommit=True) as conn:
         variant.setup(url)
         variant.reset(url)
-        assert attempts_layout() == (True, None)
+        assert layout() == (True, None, name == "runlane-attempts-before-0033")
+        runlane_system.insert_pending(conn, 3)
+        claimed = conn.execute(
+            "SELECT count(*) FROM runlane.claim_runs('w', NULL, 2, 30, 10)"
+        ).fetchone()
+        assert claimed == (2,)
         runlane_system.reset(url)
-        assert attempts_layout() == (False, ["fillfactor=50"])
+        assert layout() == (False, ["fillfactor=50"], True)
