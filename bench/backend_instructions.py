@@ -2,7 +2,7 @@
 
     python -m bench.backend_instructions [--sql SQL | --sql-file FILE] [--up-to VERSION]
                                          [--submit | --submit-each] [--events K]
-                                         [--batch 200]
+                                         [--agents bench] [--batch 200]
                                          [--loops 10,30]
                                          [--pg-bin DIR] [--tag _s19] [--out-dir DIR]
 
@@ -19,6 +19,8 @@ DO block: N times { ``claim_runs`` of ``batch`` runs; COMMIT;
 ``batch`` runs first, with ``--submit-each`` ``batch`` INSERTs of one run
 each (as submits through the API come), with ``--events K`` K calls of
 ``append_event`` for each claimed run before the finish (then COMMIT).
+The claim names no agents (any agent's runs), or with ``--agents`` the
+list a worker sends (its app's agents; the runs are all agent ``bench``).
 Instructions per run are (I(N2) - I(N1)) / ((N2 - N1) x batch): start-up,
 the block's compilation and the first plans cancel out. The counts do not depend on what else the
 machine is doing; two clusters built alike differ by about 0.5% (random
@@ -52,7 +54,7 @@ BEGIN
   FOR i IN 1..{loops} LOOP
     {submit}
     SELECT array_agg(c.id), array_agg(c.lease_token) INTO ids, tokens
-    FROM runlane.claim_runs('bench-worker', NULL, {batch}, 60, 60) AS c;
+    FROM runlane.claim_runs('bench-worker', {agents}, {batch}, 60, 60) AS c;
     COMMIT;
     n := array_length(ids, 1);
     {emit}
@@ -203,6 +205,7 @@ def run(
     out_dir: Path | None = None,
     submit_each: bool = False,
     events: int = 0,
+    agents: list[str] | None = None,
 ) -> dict[str, Any]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -225,11 +228,19 @@ def run(
         elif submit_each:
             submit_sql = INSERT_EACH_RUN.format(n=batch) + "; COMMIT;"
         emit_sql = EMIT_EVENTS.format(events=events) if events else ""
+        # Agent names are the caller's own (a bench option), quoted as literals.
+        agents_sql = (
+            "ARRAY[" + ", ".join("'" + a.replace("'", "''") + "'" for a in agents) + "]"
+            if agents
+            else "NULL"
+        )
         with ThreadPoolExecutor(2) as pool:
             jobs = {
                 (name, n): pool.submit(
                     cluster.count,
-                    LOOP.format(loops=n, batch=batch, submit=submit_sql, emit=emit_sql),
+                    LOOP.format(
+                        loops=n, batch=batch, submit=submit_sql, emit=emit_sql, agents=agents_sql
+                    ),
                     str(n),
                 )
                 for name, cluster in clusters.items()
@@ -254,6 +265,7 @@ def run(
         "submit_in_loop": submit,
         "submit_each_in_loop": submit_each,
         "events_per_run": events,
+        "agents": agents,
         "batch": batch,
         "loops": list(loops),
         "instructions": totals,
@@ -279,6 +291,9 @@ def main() -> None:
     parser.add_argument(
         "--events", type=int, default=0, help="events each run appends before it finishes"
     )
+    parser.add_argument(
+        "--agents", default=None, help="the claim's agents, comma-separated (default: any)"
+    )
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--loops", default="10,30", help="two loop counts, fewer first")
     parser.add_argument("--pg-bin", type=Path, default=None, help="PostgreSQL's bin folder")
@@ -302,6 +317,7 @@ def main() -> None:
         out_dir=args.out_dir,
         submit_each=args.submit_each,
         events=args.events,
+        agents=args.agents.split(",") if args.agents else None,
     )
     per_run = data["instructions_per_run"]
     print(data["postgres"])

@@ -227,12 +227,13 @@ def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
 def test_backend_instructions_counts_the_events_of_each_run(tmp_path: Path) -> None:
     # With --events the runs append events before they finish: an index on
     # run_events, which nothing else writes, then costs the experiment
-    # instructions per run.
+    # instructions per run. The claim names its agents, as a worker's does.
     data = backend_instructions.run(
         sql="CREATE INDEX ON runlane.run_events (kind, data)",
         up_to=None,
         submit=True,
         events=3,
+        agents=["bench"],
         batch=10,
         loops=(1, 2),
         pg_bin=backend_instructions.embedded_bin(),
@@ -241,6 +242,7 @@ def test_backend_instructions_counts_the_events_of_each_run(tmp_path: Path) -> N
     # Two clusters built alike differ by about 0.5% (random run ids).
     assert data["instructions_per_run"]["exp"] > 1.01 * data["instructions_per_run"]["base"] > 0
     assert data["events_per_run"] == 3
+    assert data["agents"] == ["bench"]
 
 
 def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -> None:
