@@ -9,7 +9,7 @@
 -- effective priority is the plain priority, the first by priority are the
 -- claim's, and the oldest were read and locked for nothing: locked until
 -- the claim's commit, so other workers' claims skipped them meanwhile.
--- Now one probe of the age index (a run that waited the interval, without
+-- Now one look at an age index (the oldest available run, read without
 -- a lock) decides whether the second list is read. With a backlog that
 -- has waited longer, the claim is what it was.
 --
