@@ -138,14 +138,14 @@ async def test_an_attempts_end_is_found_by_primary_key_and_written_in_place(
     with sql.transaction():
         scans_before = index_scans(sql, "run_attempts")
         rows_before = rows_read(sql, "run_attempts")
-        hot_before = hot_updates(sql, "run_attempts")
+        hot_before = table_counts(sql, "run_attempts")[1]
         finished = sql.execute(named_queries("queries.sql")["finish_attempts"], params).fetchall()
         assert len(finished) == len(ended)
         scans_after = index_scans(sql, "run_attempts")
         scanned = {name for name, n in scans_after.items() if n > scans_before[name]}
         assert scanned == {"run_attempts_pkey"}, scanned
         assert rows_read(sql, "run_attempts") - rows_before <= 2 * len(ended)
-        assert hot_updates(sql, "run_attempts") - hot_before >= len(ended) * 3 // 4
+        assert table_counts(sql, "run_attempts")[1] - hot_before >= len(ended) * 3 // 4
     row = sql.execute(
         "SELECT count(*) FROM runlane.run_attempts"
         " WHERE run_id = ANY(%s) AND outcome = 'completed' AND ended_at IS NOT NULL",
@@ -381,16 +381,21 @@ async def test_continuing_a_lane_finds_the_head_request_by_run(
     assert "requests_run_idx" in shown, shown
 
 
-def rows_read(sql: Conn, table: str) -> int:
-    """Rows of runlane.<table> read by any scan and not yet reported (as
-    sequential_scans: compare two readings in one transaction)."""
+def table_counts(sql: Conn, table: str) -> tuple[int, int]:
+    """Rows of runlane.<table> read by any scan, and its HOT updates, not
+    yet reported (as sequential_scans: compare two readings in one
+    transaction)."""
     row = sql.execute(
-        "SELECT seq_tup_read + idx_tup_fetch FROM pg_stat_xact_user_tables"
+        "SELECT seq_tup_read + idx_tup_fetch, n_tup_hot_upd FROM pg_stat_xact_user_tables"
         " WHERE schemaname = 'runlane' AND relname = %s",
         (table,),
     ).fetchone()
     assert row is not None
-    return int(row[0])
+    return int(row[0]), int(row[1])
+
+
+def rows_read(sql: Conn, table: str) -> int:
+    return table_counts(sql, table)[0]
 
 
 def listing_reads(sql: Conn) -> tuple[int, int]:
@@ -412,17 +417,6 @@ def most_read(before: tuple[int, int], after: tuple[int, int]) -> int:
     return max(a - b for a, b in zip(after, before, strict=True))
 
 
-def hot_updates(sql: Conn, table: str) -> int:
-    """HOT updates of runlane.<table> not yet reported (as sequential_scans)."""
-    row = sql.execute(
-        "SELECT n_tup_hot_upd FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = 'runlane' AND relname = %s",
-        (table,),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def index_scans(sql: Conn, table: str) -> dict[str, int]:
     """Scans of each index of runlane.<table> not yet reported (as
     sequential_scans)."""
@@ -442,6 +436,9 @@ CLAIM_INDEXES = {
     "runs_pending_age_idx",
     "runs_pending_age_by_agent_idx",
 }
+
+
+AGE_INDEXES = ("runs_pending_age_idx", "runs_pending_age_by_agent_idx")
 
 
 def claim_params(agents: list[str] | None, limit: int) -> dict[str, Any]:
@@ -526,9 +523,6 @@ async def test_a_claim_looks_at_one_entry_for_the_age_of_a_young_backlog(
         before = index_pages_read(sql, AGE_INDEXES)
         assert len(sql.execute(claim, params).fetchall()) == 10
         assert index_pages_read(sql, AGE_INDEXES) - before <= 4
-
-
-AGE_INDEXES = ("runs_pending_age_idx", "runs_pending_age_by_agent_idx")
 
 
 def index_pages_read(sql: Conn, indexes: tuple[str, ...]) -> int:
