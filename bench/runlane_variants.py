@@ -41,6 +41,10 @@ change the benchmark database or the worker's settings, never src/.
 - ``runlane-before-0033-0034``: the same, and the uncapped claim as
   before migration 0034 (it reads and locks the oldest runs whether or
   not one has aged): the two migrations' before/after together.
+- ``runlane-python-gc``: the worker with Python's own garbage-collector
+  settings (``RUNLANE_GC_THRESHOLD=0``: a collection every 700 new
+  objects, nothing frozen) instead of runlane's (``runlane.collector``):
+  that change's before/after.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds.
@@ -179,6 +183,7 @@ VARIANTS = {
     "runlane-before-0033-0034": Variant(
         "runlane-before-0033-0034", sql=lambda: ATTEMPTS_BEFORE_0033 + "; " + claim_before_0034()
     ),
+    "runlane-python-gc": Variant("runlane-python-gc", env={"RUNLANE_GC_THRESHOLD": "0"}),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
     # /tmp/runlane-base <commit>`).

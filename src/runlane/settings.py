@@ -62,6 +62,13 @@ class Settings(BaseSettings):
         description='Per-status retention in seconds, as JSON: {"dead": 2592000}.',
     )
     pruner_interval_seconds: float = Field(default=60.0, gt=0)
+    gc_threshold: int = Field(
+        default=10_000,
+        ge=0,
+        description="A worker process collects garbage after this many new objects (Python's"
+        " default: 700), and at its first start moves what is loaded out of the collector's view"
+        " (gc.freeze); 0 leaves Python's collector as it is.",
+    )
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     cancel_grace_seconds: float = Field(
         default=30.0,

@@ -30,6 +30,7 @@ from typing import Self
 from uuid import UUID
 
 from runlane.app import App
+from runlane.collector import tune_collector
 from runlane.completions import CompletionBatcher
 from runlane.context import TRANSIENT_ERRORS
 from runlane.database import create_pool
@@ -216,6 +217,7 @@ class Worker:
     # -- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        tune_collector(self.settings.gc_threshold)
         await self._pool.open(wait=False)
         if self._metrics_port is not None:
             try:

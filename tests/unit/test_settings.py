@@ -33,6 +33,8 @@ def test_nonsense_values_are_refused() -> None:
         Settings(max_attempts=0)
     with pytest.raises(ValidationError):
         Settings(lease_seconds=-1)
+    with pytest.raises(ValidationError, match="gc_threshold"):
+        Settings(gc_threshold=-1)
 
 
 def test_the_api_key_cache_is_short_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
