@@ -50,6 +50,17 @@ def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
 
 
+def _null_if_all_null(values: list[Any]) -> list[Any] | None:
+    """An outcome batch's column that holds only NULLs (most batches have
+    no errors, delays or interrupts) goes as one NULL array: the multi-array
+    unnest() of finish_attempts pads it with NULLs, and neither psycopg nor
+    PostgreSQL handles its elements one by one."""
+    for value in values:
+        if value is not None:
+            return values
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class NewRun:
     agent: str
@@ -508,13 +519,13 @@ class RunStore:
             "run_ids": [f.run_id for f in finishes],
             "lease_tokens": [f.lease_token for f in finishes],
             "outcomes": [str(f.outcome) for f in finishes],
-            "outputs": [
-                _json(f.output) if f.outcome is Outcome.COMPLETED else None for f in finishes
-            ],
-            "errors": [_json(f.error) for f in finishes],
-            "retry_delays": [f.retry_delay_seconds for f in finishes],
-            "interrupts": [_json(f.interrupt) for f in finishes],
-            "interrupt_expires": [f.interrupt_expires_in for f in finishes],
+            "outputs": _null_if_all_null(
+                [_json(f.output) if f.outcome is Outcome.COMPLETED else None for f in finishes]
+            ),
+            "errors": _null_if_all_null([_json(f.error) for f in finishes]),
+            "retry_delays": _null_if_all_null([f.retry_delay_seconds for f in finishes]),
+            "interrupts": _null_if_all_null([_json(f.interrupt) for f in finishes]),
+            "interrupt_expires": _null_if_all_null([f.interrupt_expires_in for f in finishes]),
             "notify": self.notify,
         }
 

@@ -105,7 +105,9 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.metrics.track(lambda: self.handlers_running, lambda: len(self.executions))
         self._metrics_port = metrics_port
-        self._pool = create_pool(url, min_size=2, max_size=concurrency + 3, check=False)
+        self._pool = create_pool(
+            url, min_size=2, max_size=concurrency + 3, check=False, in_utc=True
+        )
         self.store = RunStore(self._pool, notify=notify)
         self.completions = CompletionBatcher(
             self.store, claim_along=self._claim_along, claimed_along=self._claimed_along

@@ -6,6 +6,7 @@ transaction."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -173,3 +174,47 @@ async def test_a_run_pending_again_at_once_wakes_its_agents_workers(
                 break
     assert payloads[-1] == "marker", payloads
     assert (agent in payloads) is wakes, payloads
+
+
+async def test_each_run_of_a_batch_gets_only_its_own_values(
+    store: RunStore, service: RunService
+) -> None:
+    # A column that is NULL for the whole batch goes as one NULL array;
+    # one value in it must land on its own run, in whichever position.
+    runs = [(await service.submit("mix", {"i": i}))[0] for i in range(4)]
+    claimed = await store.claim_batch(worker_id="test", limit=4, lease_seconds=30, agents=["mix"])
+    token = {c.run.id: c.lease_token for c in claimed}
+    first, second, third, fourth = (run.id for run in runs)
+    batch = [
+        Finish(first, token[first], Outcome.COMPLETED),
+        Finish(second, token[second], Outcome.COMPLETED, output={"n": 2}),
+        Finish(third, token[third], Outcome.RETRY, retry_delay_seconds=600),
+        Finish(
+            fourth,
+            token[fourth],
+            Outcome.INTERRUPTED,
+            interrupt={"ask": "ok?"},
+            interrupt_expires_in=3600,
+        ),
+    ]
+    assert await store.finish_attempts_status(batch) == {
+        first: RunStatus.COMPLETED,
+        second: RunStatus.COMPLETED,
+        third: RunStatus.PENDING,
+        fourth: RunStatus.INTERRUPTED,
+    }
+    ended = {run_id: await service.get(run_id) for run_id in (first, second, third, fourth)}
+    assert [ended[first].output, ended[second].output] == [None, {"n": 2}]
+    assert ended[first].error is None and ended[second].error is None
+    assert ended[third].available_at > ended[third].created_at + timedelta(seconds=590)
+    assert ended[fourth].interrupt == {"ask": "ok?"}
+    assert ended[fourth].interrupt_expires_at is not None
+    assert [ended[r].interrupt for r in (first, second, third)] == [None, None, None]
+    # A batch of nothing but plain completions: every column but the
+    # outcomes goes as NULL.
+    more = [(await service.submit("plain", {}))[0] for _ in range(3)]
+    plain = await store.claim_batch(worker_id="test", limit=3, lease_seconds=30, agents=["plain"])
+    done = await store.finish_attempts_status(
+        [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in plain]
+    )
+    assert done == {run.id: RunStatus.COMPLETED for run in more}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -421,3 +422,26 @@ async def test_a_tool_retried_inside_the_handler_uses_no_queue_attempt(
     async with running_worker(app, settings):
         done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
     assert done.output == "tool result" and done.attempts == 1 and tries == 3
+
+
+async def test_the_worker_reads_times_in_utc_in_any_server_zone(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    # The worker's sessions run in UTC (cheaper times to load): the same
+    # instants as a session in the server's zone reads, with offset zero.
+    sql.execute("SELECT set_config('TimeZone', 'Asia/Kolkata', false)")
+    sql.execute("ALTER DATABASE " + sql.info.dbname + " SET TimeZone = 'Asia/Kolkata'")
+    run, _ = await service.submit("clock", {})
+    app = App(settings)
+    async with running_worker(app, settings) as worker:
+        (claimed,) = await worker.store.claim_batch(
+            worker_id="test", limit=1, lease_seconds=30, agents=["clock"]
+        )
+    row = sql.execute(
+        "SELECT created_at, started_at FROM runlane.runs WHERE id = %s", (run.id,)
+    ).fetchone()
+    assert row is not None
+    assert row[0].utcoffset() == timedelta(hours=5, minutes=30)
+    assert claimed.run.created_at.utcoffset() == timedelta(0)
+    assert claimed.run.created_at == row[0]
+    assert claimed.run.started_at == row[1]

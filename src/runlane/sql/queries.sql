@@ -301,7 +301,8 @@ FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 -- array against a regular expression for quoting, 2.8 us of the
 -- worker's CPU per run in a batch of 200 against 0.5 in binary
 -- (BENCHMARKS.md, section 1). The other arrays may hold only NULLs,
--- which have no binary element type.
+-- which have no binary element type; such an array is sent as one NULL
+-- (the function's unnest pads it with NULLs).
 SELECT f.run_id AS id, f.run_status AS status
 FROM runlane.finish_attempts(
     %(run_ids)b::uuid[], %(lease_tokens)b::uuid[], %(outcomes)b::text[],
