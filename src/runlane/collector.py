@@ -1,4 +1,5 @@
-"""The garbage collector of a worker's process, set for many short runs.
+"""The garbage collector of a worker's or the HTTP API's process, set for
+many short-lived objects.
 
 Each run a worker claims makes a few dozen container objects (its row,
 its ``Run``, its execution and context, a task, a future) that live until
@@ -13,7 +14,10 @@ section 1): 42 us of the worker's CPU per no-op run at concurrency 200,
 Runs' objects are freed by reference counting as soon as their outcome is
 written; the collector is only for reference cycles, which the hot path
 does not make, so collecting them less often costs little memory (at
-most ``threshold`` objects more before the next collection).
+most ``threshold`` objects more before the next collection). The API's
+requests are alike: with these settings its submits' p99 fell from 80 to
+61-64 ms in alternating runs of ``bench.api``, since no request waits for
+a full collection any more.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ _tuned = False
 
 
 def tune_collector(threshold: int) -> bool:
-    """Once per process (the first worker to start): moves every object
+    """Once per process (the first worker or API to start): moves every object
     loaded so far out of the collector's view (``gc.freeze()``: they are
     never scanned again, though still freed when no longer referenced) and
     collects the youngest generation after ``threshold`` new objects

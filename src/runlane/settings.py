@@ -65,9 +65,9 @@ class Settings(BaseSettings):
     gc_threshold: int = Field(
         default=10_000,
         ge=0,
-        description="A worker process collects garbage after this many new objects (Python's"
-        " default: 700), and at its first start moves what is loaded out of the collector's view"
-        " (gc.freeze); 0 leaves Python's collector as it is.",
+        description="A worker's or the HTTP API's process collects garbage after this many new"
+        " objects (Python's default: 700), and at its first start moves what is loaded out of"
+        " the collector's view (gc.freeze); 0 leaves Python's collector as it is.",
     )
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     cancel_grace_seconds: float = Field(

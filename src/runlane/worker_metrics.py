@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from runlane.background import cancel_and_wait
@@ -25,19 +32,8 @@ class WorkerMetrics:
         self.claim_seconds = Histogram(
             "runlane_worker_claim_seconds", "Time of one claim statement.", registry=r
         )
-        self.finished = Counter(
-            "runlane_worker_attempts_finished",
-            "Attempts ended, by outcome (completed, failed, retry, cancelled, ...).",
-            ["outcome"],
-            registry=r,
-        )
-        self.handler_seconds = Histogram(
-            "runlane_worker_handler_seconds",
-            "Handler run time per attempt, by agent.",
-            ["agent"],
-            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
-            registry=r,
-        )
+        self.attempts = AttemptCounts()
+        r.register(self.attempts)
         self.renewals = Counter(
             "runlane_worker_lease_renewals", "Leases renewed by heartbeats.", registry=r
         )
@@ -69,10 +65,6 @@ class WorkerMetrics:
             " being written (at most twice the concurrency).",
             registry=r,
         )
-        # Labelled children, looked up once: labels() costs a lock and a
-        # dict walk, on every run otherwise.
-        self._handler_seconds: dict[str, Histogram] = {}
-        self._finished: dict[str, Counter] = {}
         self._queue = QueueGauges()
         r.register(self._queue)
         self._refresh: asyncio.Task[None] | None = None
@@ -85,16 +77,10 @@ class WorkerMetrics:
         self.held.set_function(held)
 
     def observe_handler(self, agent: str, seconds: float) -> None:
-        child = self._handler_seconds.get(agent)
-        if child is None:
-            child = self._handler_seconds[agent] = self.handler_seconds.labels(agent=agent)
-        child.observe(seconds)
+        self.attempts.observe_handler(agent, seconds)
 
     def count_finished(self, outcome: str) -> None:
-        child = self._finished.get(outcome)
-        if child is None:
-            child = self._finished[outcome] = self.finished.labels(outcome=outcome)
-        child.inc()
+        self.attempts.count_finished(outcome)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         """Exposes /metrics on ``port`` (a thread of prometheus_client)."""
@@ -149,3 +135,56 @@ class QueueGauges(Collector):
         yield runs
         yield oldest
         yield dead
+
+
+class AttemptCounts(Collector):
+    """Handler run times by agent and ended attempts by outcome, counted in
+    plain numbers by the event loop's thread and read when scraped (in the
+    metrics server's thread). A prometheus_client metric takes a lock at
+    every update, three per run here: about 1.5 us of the worker's CPU per
+    no-op run (twenty-third session). A scrape may see a run's count
+    before its sum; each series only ever grows."""
+
+    BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0)
+
+    def __init__(self) -> None:
+        # Per agent: the count in each bucket, +Inf last (not cumulative).
+        self.handler_counts: dict[str, list[int]] = {}
+        self.handler_sums: dict[str, float] = {}
+        self.finished: dict[str, int] = {}
+
+    def observe_handler(self, agent: str, seconds: float) -> None:
+        counts = self.handler_counts.get(agent)
+        if counts is None:
+            counts = self.handler_counts[agent] = [0] * (len(self.BUCKETS) + 1)
+            self.handler_sums[agent] = 0.0
+        # The first bucket whose bound is at least the time (le).
+        counts[bisect_left(self.BUCKETS, seconds)] += 1
+        self.handler_sums[agent] += seconds
+
+    def count_finished(self, outcome: str) -> None:
+        self.finished[outcome] = self.finished.get(outcome, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        handler = HistogramMetricFamily(
+            "runlane_worker_handler_seconds",
+            "Handler run time per attempt, by agent.",
+            labels=["agent"],
+        )
+        # As prometheus_client writes them: 0.01, 1.0, ..., +Inf.
+        bounds = [repr(bound) for bound in self.BUCKETS] + ["+Inf"]
+        # Copies first: the loop's thread may add an agent meanwhile.
+        for agent, counts in list(self.handler_counts.items()):
+            cumulative = list(accumulate(list(counts)))
+            handler.add_metric(
+                [agent], list(zip(bounds, cumulative, strict=True)), self.handler_sums[agent]
+            )
+        finished = CounterMetricFamily(
+            "runlane_worker_attempts_finished",
+            "Attempts ended, by outcome (completed, failed, retry, cancelled, ...).",
+            labels=["outcome"],
+        )
+        for outcome, count in list(self.finished.items()):
+            finished.add_metric([outcome], count)
+        yield handler
+        yield finished

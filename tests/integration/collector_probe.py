@@ -4,6 +4,7 @@ works through ``N`` no-op runs, then starts a second worker, and prints
 what the collector did as one JSON line.
 
     python -m tests.integration.collector_probe DATABASE_URL N
+    python -m tests.integration.collector_probe DATABASE_URL api
 """
 
 from __future__ import annotations
@@ -64,5 +65,18 @@ async def main(url: str, n: int) -> dict[str, Any]:
     }
 
 
+async def api(url: str) -> dict[str, Any]:
+    """The HTTP API's process: its lifespan sets the collector."""
+    from runlane.api import create_app
+
+    app = create_app(Settings(database_url=url), url)
+    async with app.router.lifespan_context(app):
+        return {"threshold": gc.get_threshold()[0], "frozen_at_start": gc.get_freeze_count()}
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(sys.argv[1], int(sys.argv[2])))), flush=True)
+    if sys.argv[2] == "api":
+        result = asyncio.run(api(sys.argv[1]))
+    else:
+        result = asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    print(json.dumps(result), flush=True)

@@ -1,6 +1,7 @@
-"""The worker's process collects garbage rarely (runlane.collector): a
-busy worker's runs are freed by reference counting, and the default
-collector spent a sixth of its CPU scanning them (BENCHMARKS.md)."""
+"""The worker's and the API's processes collect garbage rarely
+(runlane.collector): a busy worker's runs are freed by reference
+counting, and the default collector spent a sixth of its CPU scanning
+them (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = 2_000
 
 
-def probe(db_url: str, **env: str) -> dict[str, Any]:
+def probe(db_url: str, what: str = str(RUNS), **env: str) -> dict[str, Any]:
     # A process of its own: the collector's settings are the process's.
     done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.collector_probe", db_url, str(RUNS)],
+        [sys.executable, "-m", "tests.integration.collector_probe", db_url, what],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", **env},
         capture_output=True,
@@ -47,3 +48,8 @@ def test_a_threshold_of_zero_leaves_pythons_collector(db_url: str) -> None:
     assert result["frozen_at_start"] == 0
     # The default threshold collects many times over the same runs.
     assert result["young_collections"] > 20
+
+
+def test_the_api_process_sets_the_collector_too(db_url: str) -> None:
+    assert probe(db_url, "api")["threshold"] == 10_000
+    assert probe(db_url, "api", RUNLANE_GC_THRESHOLD="0")["threshold"] == 700

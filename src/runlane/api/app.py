@@ -19,6 +19,7 @@ from runlane.api.context import ApiContext
 from runlane.api.errors import STATUS_BY_CODE, install_error_handlers
 from runlane.api.limits import BodySizeLimit
 from runlane.api.metrics import ApiMetrics
+from runlane.collector import tune_collector
 from runlane.database import create_pool
 from runlane.event_hub import EventHub
 from runlane.keys import KeyStore
@@ -51,6 +52,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tune_collector(settings.gc_threshold)
         # Checkouts are checked without a round trip (a connection the
         # server closed while idle is replaced, not handed to a request).
         pool = create_pool(url, min_size=2, max_size=pool_size, check="quiet")
