@@ -12,7 +12,9 @@ its own. Unlike the throughput figure it splits off nothing by guess: the
 worker is the only thing in that process. With ``--src``, this checkout's
 worker and the other checkout's alternate, measurement by measurement, in
 the same database (a before/after in the same minutes). Results:
-``bench/results/worker_cpu{tag}.json``.
+``bench/results/worker_cpu{tag}.json``. The garbage collector's part is
+timed through ``gc.callbacks`` over the same window: collections of each
+generation (young, middle, full) and their CPU per run.
 """
 
 from __future__ import annotations
@@ -34,7 +36,30 @@ from bench.common import (
 )
 
 
-async def burn_down(url: str, n: int, concurrency: int) -> dict[str, float]:
+class CollectorClock:
+    """Collections of each generation, and the CPU they took, while on
+    (``gc.callbacks``): what the garbage collector costs the worker."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        self.on = False
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            generation = info["generation"]
+            self.collections[generation] += 1
+            self.seconds[generation] += time.process_time() - self._started
+
+
+async def burn_down(url: str, n: int, concurrency: int) -> dict[str, Any]:
+    import gc
+
     import psycopg
 
     from bench.procs import build_app
@@ -58,6 +83,9 @@ async def burn_down(url: str, n: int, concurrency: int) -> dict[str, float]:
                 await asyncio.wait_for(worker.listener.connected.wait(), 30)
             # Blocks the loop while it inserts: the worker starts on them after.
             enqueue(url, n)
+            collector = CollectorClock()
+            gc.callbacks.append(collector)
+            collector.on = True
             cpu_before = time.process_time()
             while True:
                 cur = await watch.execute(
@@ -68,19 +96,27 @@ async def burn_down(url: str, n: int, concurrency: int) -> dict[str, float]:
                     break
                 await asyncio.sleep(0.05)
             cpu = time.process_time() - cpu_before
+            collector.on = False
+            gc.callbacks.remove(collector)
         finally:
             await worker.stop(grace_seconds=1.0)
     # The rate over the database's window (first claim to last finish): the
     # worker finds the runs at its next poll, up to a second after the insert.
     first, last = window(url)
-    return {"worker_cpu_us_per_run": cpu / n * 1e6, "runs_per_s": n / (last - first)}
+    return {
+        "worker_cpu_us_per_run": cpu / n * 1e6,
+        "runs_per_s": n / (last - first),
+        # Young, middle and full collections, and their CPU per run.
+        "gc_collections": collector.collections,
+        "gc_us_per_run": [seconds / n * 1e6 for seconds in collector.seconds],
+    }
 
 
-def one_measurement(url: str, n: int, concurrency: int, src: str) -> dict[str, float]:
+def one_measurement(url: str, n: int, concurrency: int, src: str) -> dict[str, Any]:
     from bench.runlane_system import reset
 
     reset(url)
-    result: dict[str, float] = run_for_json(
+    result: dict[str, Any] = run_for_json(
         "bench.worker_cpu",
         ["--serve", url, "--n", str(n), "--concurrency", str(concurrency)],
         src=src,
@@ -112,7 +148,9 @@ def run(
                     print(
                         f"round {rnd} c={concurrency} {code}:"
                         f" {result['worker_cpu_us_per_run']:.1f} us/run,"
-                        f" {result['runs_per_s']:.0f} runs/s",
+                        f" {result['runs_per_s']:.0f} runs/s,"
+                        f" {sum(result['gc_us_per_run']):.1f} us/run in"
+                        f" {sum(result['gc_collections'])} collections",
                         flush=True,
                     )
     rows = []
@@ -122,9 +160,26 @@ def run(
             mine = [t for t in trials if t["code"] == code and t["concurrency"] == concurrency]
             cpu = median([t["worker_cpu_us_per_run"] for t in mine])
             rate = median([t["runs_per_s"] for t in mine])
-            medians[f"{code} c={concurrency}"] = {"worker_cpu_us_per_run": cpu, "runs_per_s": rate}
-            rows.append([code, concurrency, cpu, rate])
-    table = print_table(["code", "concurrency", "worker CPU us/run", "runs/s"], rows)
+            gc_cpu = median([sum(t["gc_us_per_run"]) for t in mine])
+            collections = median([sum(t["gc_collections"]) for t in mine])
+            medians[f"{code} c={concurrency}"] = {
+                "worker_cpu_us_per_run": cpu,
+                "runs_per_s": rate,
+                "gc_us_per_run": gc_cpu,
+                "gc_collections": collections,
+            }
+            rows.append([code, concurrency, cpu, rate, gc_cpu, collections])
+    table = print_table(
+        [
+            "code",
+            "concurrency",
+            "worker CPU us/run",
+            "runs/s",
+            "of it in the garbage collector, us/run",
+            "collections",
+        ],
+        rows,
+    )
     data = {
         "n": n,
         "concurrency": concurrencies,

@@ -177,7 +177,9 @@ class AttemptCounts(Collector):
         for agent, counts in list(self.handler_counts.items()):
             cumulative = list(accumulate(list(counts)))
             handler.add_metric(
-                [agent], list(zip(bounds, cumulative, strict=True)), self.handler_sums[agent]
+                [agent],
+                list(zip(bounds, cumulative, strict=True)),
+                self.handler_sums.get(agent, 0.0),
             )
         finished = CounterMetricFamily(
             "runlane_worker_attempts_finished",

@@ -171,6 +171,8 @@ def test_worker_cpu_smoke(bench_env: str, tmp_path: Path) -> None:
     data = worker_cpu.run(40, [5], 1, src=str(ROOT / "src"), out_dir=tmp_path)
     assert [t["code"] for t in data["trials"]] == ["this checkout", "--src"]
     assert all(t["runs_per_s"] > 0 for t in data["trials"])
+    # The collector's part: a count and a CPU time for each generation.
+    assert all(len(t["gc_collections"]) == len(t["gc_us_per_run"]) == 3 for t in data["trials"])
     assert (tmp_path / "worker_cpu_sync_off.json").exists()
 
 

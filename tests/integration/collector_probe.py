@@ -41,11 +41,12 @@ async def main(url: str, n: int) -> dict[str, Any]:
     await worker.start()
     frozen = gc.get_freeze_count()
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             for _ in range(600):
-                row = conn.execute(
+                cur = await conn.execute(
                     "SELECT count(*) FROM runlane.runs WHERE status <> 'completed'"
-                ).fetchone()
+                )
+                row = await cur.fetchone()
                 if row is not None and row[0] == 0:
                     break
                 await asyncio.sleep(0.05)
