@@ -37,18 +37,15 @@ from bench.common import (
 
 
 class CollectorClock:
-    """Collections of each generation, and the CPU they took, while on
-    (``gc.callbacks``): what the garbage collector costs the worker."""
+    """Collections of each generation, and the CPU they took, while it is
+    in ``gc.callbacks``: what the garbage collector costs the worker."""
 
     def __init__(self) -> None:
         self.collections = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self._started = 0.0
-        self.on = False
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if not self.on:
-            return
         if phase == "start":
             self._started = time.process_time()
         else:
@@ -85,7 +82,6 @@ async def burn_down(url: str, n: int, concurrency: int) -> dict[str, Any]:
             enqueue(url, n)
             collector = CollectorClock()
             gc.callbacks.append(collector)
-            collector.on = True
             cpu_before = time.process_time()
             while True:
                 cur = await watch.execute(
@@ -96,7 +92,6 @@ async def burn_down(url: str, n: int, concurrency: int) -> dict[str, Any]:
                     break
                 await asyncio.sleep(0.05)
             cpu = time.process_time() - cpu_before
-            collector.on = False
             gc.callbacks.remove(collector)
         finally:
             await worker.stop(grace_seconds=1.0)

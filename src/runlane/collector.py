@@ -30,16 +30,16 @@ logger = logging.getLogger(__name__)
 _tuned = False
 
 
-def tune_collector(threshold: int) -> bool:
+def tune_collector(threshold: int) -> None:
     """Once per process (the first worker or API to start): moves every object
     loaded so far out of the collector's view (``gc.freeze()``: they are
     never scanned again, though still freed when no longer referenced) and
     collects the youngest generation after ``threshold`` new objects
     instead of Python's 700. ``threshold`` 0 leaves the collector as it
-    is. Returns whether this call changed it."""
+    is."""
     global _tuned
     if threshold <= 0 or _tuned:
-        return False
+        return
     _tuned = True
     # What is garbage now is collected before the rest is frozen for good.
     gc.collect()
@@ -49,4 +49,3 @@ def tune_collector(threshold: int) -> bool:
     logger.debug(
         "garbage collector: %d objects frozen, threshold %d", gc.get_freeze_count(), threshold
     )
-    return True
