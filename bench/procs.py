@@ -84,20 +84,6 @@ async def serve(args: argparse.Namespace) -> None:
     )
     app = build_app(args.mode, events=args.events, event_interval=args.event_interval)
     concurrency, batch_size = args.concurrency, args.batch_size
-    if args.prefetch:
-        # An experiment: the worker holds up to twice the concurrency, so
-        # that its next claim is on its way while a batch runs; no more
-        # than the concurrency of handlers run at once (the others wait
-        # for the gate, their leases held).
-        gate = asyncio.Semaphore(args.concurrency)
-        for name, handler in list(app.agents.items()):
-
-            async def gated(ctx: RunContext, handler: Any = handler) -> Any:
-                async with gate:
-                    return await handler(ctx)
-
-            app.agents[name] = gated
-        concurrency, batch_size = 2 * args.concurrency, batch_size or args.concurrency
     worker = Worker(
         app,
         args.url,
@@ -123,11 +109,6 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--mode", default="noop")
-    parser.add_argument(
-        "--prefetch",
-        action="store_true",
-        help="hold up to twice the concurrency, run at most the concurrency at once",
-    )
     parser.add_argument(
         "--batch-size", type=int, default=None, help="runs per claim (default: the concurrency)"
     )

@@ -18,11 +18,11 @@ change the benchmark database or the worker's settings, never src/.
   at most half (a quarter) of its concurrency per claim instead of all of
   it, so that handlers of one batch run while the next claim is on its
   way (a pipeline, at the price of more claims and outcome batches).
-- ``runlane-prefetch``: the worker holds up to twice its concurrency
-  (claims of the concurrency's size) while no more handlers than the
-  concurrency run at once, the others waiting at a gate with their
-  leases held (``bench.procs --prefetch``): the next claim is on its way
-  while a batch runs.
+- ``runlane-no-prefetch``: the worker without claiming ahead
+  (``RUNLANE_PREFETCH_HANDLER_SECONDS=0``): each claim only for free
+  handler slots. (``runlane-prefetch``, the tenth session's experiment
+  that held twice the concurrency behind a gate, is gone: the worker
+  claims ahead itself while its handlers are short.)
 - ``runlane-capped-claim``: a tenant cap on a tenant that has no runs,
   so that every claim takes ``runlane.claim_capped_runs`` (the claim of
   migration 0006: four statements planned on each call) instead of
@@ -168,7 +168,9 @@ VARIANTS = {
     "runlane-no-aging": Variant("runlane-no-aging", env={"RUNLANE_PRIORITY_AGING_SECONDS": "0"}),
     "runlane-batch-half": Variant("runlane-batch-half", batch_divisor=2),
     "runlane-batch-quarter": Variant("runlane-batch-quarter", batch_divisor=4),
-    "runlane-prefetch": Variant("runlane-prefetch", worker_args=("--prefetch",)),
+    "runlane-no-prefetch": Variant(
+        "runlane-no-prefetch", env={"RUNLANE_PREFETCH_HANDLER_SECONDS": "0"}
+    ),
     "runlane-capped-claim": Variant(
         "runlane-capped-claim",
         sql="INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('nobody', 1)",

@@ -60,7 +60,7 @@ class Execution:
         claim_sent_at: float,
         metrics: WorkerMetrics | None = None,
         completions: CompletionBatcher | None = None,
-        on_handler_end: Callable[[], None] | None = None,
+        on_handler_end: Callable[[float], None] | None = None,
     ) -> None:
         self._metrics = metrics
         self._completions = completions
@@ -119,23 +119,30 @@ class Execution:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
-        self._end_handler()
+        self._end_handler(0.0)
 
-    def _end_handler(self) -> None:
-        """The handler is over (returned, raised, or never ran): frees the
-        worker's concurrency slot, once; the outcome may still be written."""
+    def _end_handler(self, seconds: float) -> None:
+        """The handler is over (returned, raised, or never ran) after
+        ``seconds``: frees the worker's concurrency slot, once; the outcome
+        may still be written."""
         self._in_handler = False
         if self.handler_ended:
             return
         self.handler_ended = True
         if self._on_handler_end is not None:
-            self._on_handler_end()
+            self._on_handler_end(seconds)
 
     async def run(self) -> None:
         """Runs the attempt to its end; never raises for the handler's sake."""
         run = self.claimed.run
+        if self.stop_reason is not None:
+            # Stopped before its handler began (a run claimed ahead that
+            # waited for a slot): the handler is not called at all.
+            self._end_handler(0.0)
+            await self._after_stop()
+            return
         if self._handler is None:
-            self._end_handler()
+            self._end_handler(0.0)
             await self._finish(
                 Outcome.FAILED,
                 error={"code": "unknown_agent", "message": f"no agent named {run.agent!r}"},
@@ -178,9 +185,10 @@ class Execution:
             await self._finish(Outcome.COMPLETED, output=result)
 
     def _handler_done(self, agent: str, started: float) -> None:
+        seconds = time.monotonic() - started
         if self._metrics is not None:
-            self._metrics.observe_handler(agent, time.monotonic() - started)
-        self._end_handler()
+            self._metrics.observe_handler(agent, seconds)
+        self._end_handler(seconds)
 
     def _raise_if_cancelled_from_outside(self, task: asyncio.Task[Any], exc: BaseException) -> None:
         """A CancelledError out of the handler while the attempt's task was
@@ -234,10 +242,12 @@ class Execution:
         elif self.stop_reason is StopReason.CANCELLED:
             await self._finish(Outcome.CANCELLED)
         elif self.stop_reason is StopReason.SHUTDOWN:
-            await self._finish(
-                Outcome.RELEASED,
-                error={"code": "released", "message": "worker shut down; grace period over"},
+            message = (
+                "worker shut down; grace period over"
+                if self._task is not None
+                else "worker shut down before the run's handler started"
             )
+            await self._finish(Outcome.RELEASED, error={"code": "released", "message": message})
 
     async def _finish(
         self,

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
         description='Per-status retention in seconds, as JSON: {"dead": 2592000}.',
     )
     pruner_interval_seconds: float = Field(default=60.0, gt=0)
+    prefetch_handler_seconds: float = Field(
+        default=0.02,
+        ge=0,
+        description="While its handlers' recent mean time is below this and runs are waiting,"
+        " a worker claims up to its concurrency of runs ahead, each started as a handler slot"
+        " frees, so that its next claim overlaps the handlers it runs; 0 turns this off.",
+    )
     gc_threshold: int = Field(
         default=10_000,
         ge=0,

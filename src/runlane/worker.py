@@ -24,7 +24,7 @@ import signal
 import socket
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Self
 from uuid import UUID
@@ -121,6 +121,13 @@ class Worker:
         self.executions: dict[UUID, Execution] = {}
         self.handlers_running = 0
         self.max_held = 2 * concurrency
+        # Runs claimed ahead (see _ahead), held and leased, in claim order:
+        # each starts when a handler slot frees.
+        self._prefetched: deque[Execution] = deque()
+        # The handlers' recent mean time (a moving average over their
+        # ends), None before the first ends: claiming ahead is only for
+        # short handlers, where a run waits at most about that long.
+        self._handler_mean: float | None = None
         # Slots promised to claims on their way (the claim loop's, and those
         # sent along with an outcome batch), so that the two never together
         # take more than the free slots.
@@ -279,11 +286,16 @@ class Worker:
     async def _release(self, grace: float) -> None:
         for execution in self.executions.values():
             execution.context.mark_shutdown_requested()
-        running = list(self._tasks.values())
-        if running:
-            await asyncio.wait(running, timeout=grace)
+        # Runs claimed ahead keep starting as slots free within the grace
+        # period, each with the shutdown flag set like the others.
+        deadline = time.monotonic() + grace
+        while self._tasks and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(list(self._tasks.values()), timeout=left)
         for execution in list(self.executions.values()):
             execution.stop(StopReason.SHUTDOWN)
+        # Those still waiting write their release without calling the handler.
+        while self._prefetched:
+            self._launch(self._prefetched.popleft())
         remaining = list(self._tasks.values())
         if remaining:
             await asyncio.wait(remaining, timeout=self.settings.lease_seconds)
@@ -318,7 +330,7 @@ class Worker:
             # the run a submit gave the standing claim, or takes one run
             # more with the slot the standing claim held.
             unpark = self._parked
-            free = self._free_slots()
+            free = self._free_slots(self._ahead())
             if (free > 0 or unpark) and self._lane_outcomes_pending == 0:
                 want = min(max(free, 0), self.batch_size)
                 # Parking is for a drained queue: not while runs may be
@@ -464,18 +476,36 @@ class Worker:
         else:
             self._wake.set()  # the slot is free again
 
-    def _free_slots(self) -> int:
-        """Runs this worker may claim now: handler slots and held runs
-        left, less those promised to claims on their way and the one a
-        standing claim holds."""
+    def _free_slots(self, ahead: int = 0) -> int:
+        """Runs this worker may claim now: handler slots (and ``ahead``
+        runs more, to wait for one) and held runs left, less those promised
+        to claims on their way and the one a standing claim holds."""
         return (
             min(
-                self.concurrency - self.handlers_running,
-                self.max_held - len(self.executions),
+                self.concurrency + ahead - self.handlers_running - len(self._prefetched),
+                self.max_held + ahead - len(self.executions),
             )
             - self._reserved
             - (1 if self._parked else 0)
         )
+
+    def _ahead(self) -> int:
+        """How many runs the claim loop may claim beyond the free handler
+        slots: up to the concurrency while runs are waiting and the
+        handlers are short, so that the next claim is on its way while a
+        batch runs rather than after it (one process waits for its claim,
+        and PostgreSQL for the process, otherwise). A run claimed ahead is
+        leased and waits for a slot, about one handler's time; with longer
+        handlers another worker may be free for it, so none are."""
+        mean = self._handler_mean
+        if mean is None or mean >= self.settings.prefetch_handler_seconds or not self._backlog:
+            return 0
+        return self.concurrency
+
+    @property
+    def prefetched(self) -> int:
+        """Runs claimed ahead, waiting for a handler slot."""
+        return len(self._prefetched)
 
     def _claim_along(self) -> ClaimSpec | None:
         """The claim to send with an outcome batch that ends lanes' runs
@@ -539,24 +569,40 @@ class Worker:
             ),
         )
         execution.context.database_url = self.url
-        self.handlers_running += 1
         self.executions[run.id] = execution
-        self._tasks[run.id] = asyncio.create_task(
-            self._run(execution), name=f"runlane-attempt-{run.id}"
+        if self.handlers_running < self.concurrency and not self._prefetched:
+            self._launch(execution)
+        else:
+            self._prefetched.append(execution)
+
+    def _launch(self, execution: Execution) -> None:
+        self.handlers_running += 1
+        run_id = execution.run_id
+        self._tasks[run_id] = asyncio.create_task(
+            self._run(execution), name=f"runlane-attempt-{run_id}"
         )
 
-    def _handler_ended(self) -> None:
+    def _slot_freed(self, seconds: float) -> None:
+        """A handler ended after ``seconds``: the next run claimed ahead
+        takes its slot."""
+        mean = self._handler_mean
+        self._handler_mean = seconds if mean is None else mean + 0.2 * (seconds - mean)
+        self.handlers_running -= 1
+        if self._prefetched and self.handlers_running < self.concurrency:
+            self._launch(self._prefetched.popleft())
+
+    def _handler_ended(self, seconds: float) -> None:
         """An attempt's handler is over (its outcome may still be on its
         way to the database): its concurrency slot is free."""
-        self.handlers_running -= 1
+        self._slot_freed(seconds)
         if self._backlog:
             self._wake.set()
 
-    def _lane_handler_ended(self) -> None:
+    def _lane_handler_ended(self, seconds: float) -> None:
         """A lane's run: its outcome's batch claims along (the lane's next
         run is dispatched in that transaction), so the claim loop is not
         woken ahead of it, to an empty claim that would take the slot."""
-        self.handlers_running -= 1
+        self._slot_freed(seconds)
         self._lane_outcomes_pending += 1
 
     async def _run(self, execution: Execution) -> None:
@@ -637,4 +683,10 @@ class Worker:
         if not execution.context.mark_cancel_requested():
             return
         logger.info("run %s: cancel requested", execution.run_id)
+        if execution in self._prefetched:
+            # Its handler has not started: there is nothing to wait for.
+            self._prefetched.remove(execution)
+            execution.stop(StopReason.CANCELLED)
+            self._launch(execution)
+            return
         execution.stop_after(self.settings.cancel_grace_seconds, StopReason.CANCELLED)

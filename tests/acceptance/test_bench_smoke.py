@@ -159,7 +159,7 @@ def test_throughput_variants_with_other_claim_sizes_smoke(bench_env: str, tmp_pa
     # The variants pass --batch-size and --prefetch to bench.procs, or a
     # setting in the environment: a worker that did not accept them would
     # never say ready, and the trial would fail.
-    names = ["runlane", "runlane-batch-quarter", "runlane-prefetch", "runlane-python-gc"]
+    names = ["runlane", "runlane-batch-quarter", "runlane-no-prefetch", "runlane-python-gc"]
     data = throughput.run("tiny", 1, names=names, pgbench=False, out_dir=tmp_path)
     assert {t["system"] for t in data["trials"]} == set(names)
     for trial in data["trials"]:

@@ -1,7 +1,7 @@
 """A worker's concurrency slot frees when the handler ends, before its
 outcome is written: the handlers running stay within ``concurrency``, the
-runs held within ``concurrency`` more, and a run whose outcome waits keeps
-its lease renewed."""
+runs held within twice that more (outcomes waiting, runs claimed ahead),
+and a run whose outcome waits keeps its lease renewed."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ async def test_handlers_never_exceed_concurrency_and_held_runs_stay_bounded(
         await wait_until(all_done, timeout=60, message="every run completed")
         assert worker.handlers_running == 0
     assert peak == 3 and peak_slots == 3
-    assert peak_held <= 2 * 3
+    # Handlers, outcomes waiting to be written, and runs claimed ahead.
+    assert peak_held <= 3 * 3
 
 
 async def test_a_run_whose_outcome_waits_keeps_its_lease_and_frees_its_slot(

@@ -1,0 +1,212 @@
+"""Claiming ahead: while its handlers are short and runs are waiting, a
+worker claims up to its concurrency of runs beyond its free slots, each
+started when a slot frees. Handlers still never exceed the concurrency;
+with long handlers, or the setting at 0, nothing is claimed ahead; a run
+claimed ahead and cancelled, or still waiting at shutdown, ends without its
+handler being called."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from runlane import App, RunContext
+from runlane.models import RunStatus
+from runlane.service import RunService
+from runlane.settings import Settings
+from runlane.worker import Worker
+from tests.support import running_worker, wait_until
+
+
+async def all_in(service: RunService, run_ids: list[Any], *statuses: RunStatus) -> bool:
+    for run_id in run_ids:
+        if (await service.get(run_id)).status not in statuses:
+            return False
+    return True
+
+
+async def test_short_handlers_are_claimed_ahead_and_never_exceed_concurrency(
+    service: RunService, settings: Settings
+) -> None:
+    # Handlers of 20 ms, well above a claim's round trip even on a loaded
+    # machine, so that a claim sent ahead comes back while they run; the
+    # setting above them, so that claiming ahead is on.
+    settings = settings.model_copy(update={"prefetch_handler_seconds": 1.0})
+    app = App(settings)
+    holder: list[Worker] = []
+    calls: list[int] = []
+    in_flight = peak = peak_prefetched = 0
+
+    @app.agent("quick")
+    async def quick(ctx: RunContext) -> Any:
+        nonlocal in_flight, peak, peak_prefetched
+        in_flight += 1
+        peak = max(peak, in_flight)
+        peak_prefetched = max(peak_prefetched, holder[0].prefetched)
+        calls.append(ctx.input["n"])
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        return ctx.input["n"]
+
+    runs = [(await service.submit("quick", {"n": i}))[0] for i in range(60)]
+    async with running_worker(app, settings, concurrency=3) as worker:
+        holder.append(worker)
+        await wait_until(
+            lambda: all_in(service, [r.id for r in runs], RunStatus.COMPLETED),
+            timeout=60,
+            message="every run completed",
+        )
+    assert peak == 3
+    assert peak_prefetched > 0, "no run was claimed ahead"
+    assert peak_prefetched <= 3
+    assert sorted(calls) == list(range(60)), "each handler ran exactly once"
+    assert {(await service.get(r.id)).attempts for r in runs} == {1}
+
+
+@pytest.mark.parametrize(
+    ("handler_seconds", "prefetch_below"),
+    [(0.05, 0.02), (0.0, 0.0)],
+    ids=["handlers-longer-than-the-setting", "setting-off"],
+)
+async def test_nothing_is_claimed_ahead_for_long_handlers_or_with_the_setting_off(
+    service: RunService, settings: Settings, handler_seconds: float, prefetch_below: float
+) -> None:
+    settings = settings.model_copy(update={"prefetch_handler_seconds": prefetch_below})
+    app = App(settings)
+    holder: list[Worker] = []
+    peak_prefetched = 0
+    peak_held = 0
+
+    @app.agent("work")
+    async def work(ctx: RunContext) -> Any:
+        nonlocal peak_prefetched, peak_held
+        peak_prefetched = max(peak_prefetched, holder[0].prefetched)
+        peak_held = max(peak_held, len(holder[0].executions))
+        await asyncio.sleep(handler_seconds)
+        return None
+
+    runs = [(await service.submit("work", {}))[0] for _ in range(40)]
+    async with running_worker(app, settings, concurrency=2) as worker:
+        holder.append(worker)
+        await wait_until(
+            lambda: all_in(service, [r.id for r in runs], RunStatus.COMPLETED),
+            timeout=60,
+            message="every run completed",
+        )
+    assert peak_prefetched == 0
+    # The handlers running and the outcomes waiting to be written.
+    assert peak_held <= 2 * 2
+
+
+async def test_a_run_cancelled_while_claimed_ahead_ends_without_its_handler(
+    service: RunService, settings: Settings
+) -> None:
+    app = App(settings)
+    holder: list[Worker] = []
+    may_return = asyncio.Event()
+    called: list[str] = []
+
+    @app.agent("quick")
+    async def quick(ctx: RunContext) -> Any:
+        called.append(ctx.input["name"])
+        return None
+
+    @app.agent("hold")
+    async def hold(ctx: RunContext) -> Any:
+        called.append("hold")
+        await may_return.wait()
+        return None
+
+    warmup = [(await service.submit("quick", {"name": f"w{i}"}))[0] for i in range(20)]
+    held = (await service.submit("hold", {}))[0]
+    victim = (await service.submit("quick", {"name": "victim"}))[0]
+    after = [(await service.submit("quick", {"name": f"a{i}"}))[0] for i in range(3)]
+    async with running_worker(app, settings, concurrency=1) as worker:
+        holder.append(worker)
+
+        def victim_waits() -> bool:
+            execution = worker.executions.get(victim.id)
+            return execution is not None and execution in worker._prefetched
+
+        await wait_until(victim_waits, timeout=30, message="the run claimed ahead")
+        assert "hold" in called
+        await service.cancel(victim.id)
+        cancelled = await wait_until(
+            lambda: all_in(service, [victim.id], RunStatus.CANCELLED),
+            timeout=15,
+            message="the run claimed ahead cancelled",
+        )
+        assert cancelled
+        # Cancelled while the handler before it still runs: it never started.
+        assert (await service.get(held.id)).status == RunStatus.RUNNING
+        may_return.set()
+        await wait_until(
+            lambda: all_in(service, [r.id for r in [*warmup, held, *after]], RunStatus.COMPLETED),
+            timeout=30,
+            message="the other runs completed",
+        )
+    assert "victim" not in called
+
+
+@pytest.mark.parametrize("grace", [5.0, 0.0], ids=["within-the-grace", "no-grace"])
+async def test_runs_claimed_ahead_at_shutdown_run_in_the_grace_or_are_released_unstarted(
+    service: RunService, settings: Settings, grace: float
+) -> None:
+    """Both handler slots are taken by handlers that wait for a gate, with
+    runs claimed ahead behind them; then the worker stops. With a grace
+    period the gate opens during the stop: the runs claimed ahead start
+    and complete. Without one, they are released without their handler
+    having been called."""
+    app = App(settings)
+    holder: list[Worker] = []
+    gate = asyncio.Event()
+    called: set[Any] = set()
+    blocked = 0
+
+    @app.agent("work")
+    async def work(ctx: RunContext) -> Any:
+        nonlocal blocked
+        called.add(ctx.run_id)
+        if holder[0].prefetched or gate.is_set() or blocked:
+            blocked += 1
+            await gate.wait()
+        else:
+            await asyncio.sleep(0.001)
+        return None
+
+    runs = [(await service.submit("work", {}))[0] for _ in range(200)]
+    worker = Worker(app, settings.database_url or "", settings=settings, concurrency=2)
+    holder.append(worker)
+    await worker.start()
+    stopping: asyncio.Task[None] | None = None
+    try:
+        await wait_until(
+            lambda: worker.handlers_running == 2 and blocked == 2 and worker.prefetched > 0,
+            timeout=30,
+            message="both slots held, runs claimed ahead",
+        )
+        waiting = [execution.run_id for execution in worker._prefetched]
+        stopping = asyncio.create_task(worker.stop(grace_seconds=grace))
+        await wait_until(lambda: worker._stopping, message="the stop began")
+        if grace:
+            gate.set()
+    finally:
+        gate.set()
+        await (stopping if stopping is not None else worker.stop(grace_seconds=grace))
+    states = [await service.get(r.id) for r in runs]
+    assert not [s for s in states if s.status not in (RunStatus.COMPLETED, RunStatus.PENDING)]
+    if grace:
+        for run_id in waiting:
+            assert (await service.get(run_id)).status == RunStatus.COMPLETED
+            assert run_id in called
+        # Only runs never claimed are left, none released with an attempt.
+        assert {s.attempts for s in states if s.status == RunStatus.PENDING} <= {0}
+    else:
+        for run_id in waiting:
+            run = await service.get(run_id)
+            assert run.status == RunStatus.PENDING
+            assert run_id not in called
+            assert run.error is not None
+            assert run.error["message"] == "worker shut down before the run's handler started"
