@@ -89,7 +89,9 @@ class RunContext:
             if claimed.deadline_in_seconds is not None
             else None
         )
-        self._cancel_requested = asyncio.Event()
+        self._cancel_requested = False
+        # Made only for a handler that waits for a cancel (most never do).
+        self._cancel_event: asyncio.Event | None = None
         self._shutdown_requested = False
         self._steer_requested = run.steer_requested_at is not None
         self._lease_lost = False
@@ -98,17 +100,23 @@ class RunContext:
 
     @property
     def cancel_requested(self) -> bool:
-        return self._cancel_requested.is_set()
+        return self._cancel_requested
 
     async def wait_cancel_requested(self) -> None:
         """Returns once a cancel request reaches this run."""
-        await self._cancel_requested.wait()
+        if self._cancel_requested:
+            return
+        if self._cancel_event is None:
+            self._cancel_event = asyncio.Event()
+        await self._cancel_event.wait()
 
     def mark_cancel_requested(self) -> bool:
         """Returns True the first time."""
-        if self._cancel_requested.is_set():
+        if self._cancel_requested:
             return False
-        self._cancel_requested.set()
+        self._cancel_requested = True
+        if self._cancel_event is not None:
+            self._cancel_event.set()
         return True
 
     def mark_steer_requested(self) -> None:
@@ -142,7 +150,7 @@ class RunContext:
         worker is shutting down. Call it before each model call and after a
         model turn that called no tools; never in the middle of a tool call."""
         self._check_lease()
-        if self._cancel_requested.is_set():
+        if self._cancel_requested:
             raise RunCancelled(f"run {self.run_id}: cancel requested")
         left = self.seconds_left
         if left is not None and left <= 0:

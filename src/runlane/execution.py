@@ -76,6 +76,9 @@ class Execution:
         # and counts its cancellations so that run() tells them from a
         # cancellation of the task from outside (the event loop going away).
         self._task: asyncio.Task[Any] | None = None
+        # The task that will run this attempt, when its creator says so (the
+        # worker does): run() then need not look it up.
+        self.task: asyncio.Task[Any] | None = None
         self._in_handler = False
         self._stop_cancels = 0
         self._on_handler_end = on_handler_end
@@ -148,7 +151,7 @@ class Execution:
                 error={"code": "unknown_agent", "message": f"no agent named {run.agent!r}"},
             )
             return
-        task = asyncio.current_task()
+        task = self.task or asyncio.current_task()
         assert task is not None
         self._task = task
         started = time.monotonic()

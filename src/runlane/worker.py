@@ -577,10 +577,11 @@ class Worker:
 
     def _launch(self, execution: Execution) -> None:
         self.handlers_running += 1
-        run_id = execution.run_id
-        self._tasks[run_id] = asyncio.create_task(
-            self._run(execution), name=f"runlane-attempt-{run_id}"
-        )
+        # Named without the run's id (formatting a UUID per run is measurable
+        # CPU); self.executions maps each run to its task.
+        task = asyncio.create_task(self._run(execution), name="runlane-attempt")
+        execution.task = task
+        self._tasks[execution.run_id] = task
 
     def _slot_freed(self, seconds: float) -> None:
         """A handler ended after ``seconds``: the next run claimed ahead
