@@ -8,7 +8,9 @@ task (see :mod:`runlane.execution`), renews all its leases in one statement
 per tick (:mod:`runlane.heartbeat`) and runs the lease reaper. A
 concurrency slot frees when a handler ends; its outcome is then written in
 a batch (:mod:`runlane.completions`) while the next claim is on its way,
-and the run keeps its lease, renewed, until the outcome is written. ``stop()``
+and the run keeps its lease, renewed, until the outcome is written. While
+its handlers are short and runs are waiting, it claims up to its
+concurrency of runs ahead, each started when a slot frees. ``stop()``
 stops claiming, lets runs reach a safe point within a grace period, then
 releases what remains.
 """

@@ -349,6 +349,11 @@ async def test_cancel_of_a_completed_run_is_an_error(cli: Cli, store: RunStore) 
         (["worker", "tests.acceptance.example_app:asyncio"], {}, "not a runlane.App"),
         (["worker", EXAMPLE_APP, "--agents", "echo,ghost"], {}, "'ghost'"),
         (["worker", EXAMPLE_APP], {"RUNLANE_GC_THRESHOLD": "-1"}, "RUNLANE_GC_THRESHOLD"),
+        (
+            ["worker", EXAMPLE_APP],
+            {"RUNLANE_PREFETCH_HANDLER_SECONDS": "soon"},
+            "RUNLANE_PREFETCH_HANDLER_SECONDS",
+        ),
         (["db", "start"], {}, "RUNLANE_DATABASE_URL is set"),
     ],
 )

@@ -35,6 +35,17 @@ def test_nonsense_values_are_refused() -> None:
         Settings(lease_seconds=-1)
     with pytest.raises(ValidationError, match="gc_threshold"):
         Settings(gc_threshold=-1)
+    with pytest.raises(ValidationError, match="prefetch_handler_seconds"):
+        Settings(prefetch_handler_seconds=-0.5)
+
+
+def test_claiming_ahead_is_on_for_short_handlers_and_can_be_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RUNLANE_PREFETCH_HANDLER_SECONDS", raising=False)
+    assert Settings().prefetch_handler_seconds == 0.02
+    monkeypatch.setenv("RUNLANE_PREFETCH_HANDLER_SECONDS", "0")
+    assert Settings().prefetch_handler_seconds == 0
 
 
 def test_the_api_key_cache_is_short_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
