@@ -27,6 +27,25 @@ async def all_in(service: RunService, run_ids: list[Any], *statuses: RunStatus) 
     return True
 
 
+async def complete_all(
+    app: App,
+    settings: Settings,
+    service: RunService,
+    runs: list[Any],
+    concurrency: int,
+    holder: list[Worker],
+) -> None:
+    """Runs ``runs`` to completion on one worker, which ``holder`` gives
+    the handlers to look at."""
+    async with running_worker(app, settings, concurrency=concurrency) as worker:
+        holder.append(worker)
+        await wait_until(
+            lambda: all_in(service, [r.id for r in runs], RunStatus.COMPLETED),
+            timeout=60,
+            message="every run completed",
+        )
+
+
 async def test_short_handlers_are_claimed_ahead_and_never_exceed_concurrency(
     service: RunService, settings: Settings
 ) -> None:
@@ -51,13 +70,7 @@ async def test_short_handlers_are_claimed_ahead_and_never_exceed_concurrency(
         return ctx.input["n"]
 
     runs = [(await service.submit("quick", {"n": i}))[0] for i in range(60)]
-    async with running_worker(app, settings, concurrency=3) as worker:
-        holder.append(worker)
-        await wait_until(
-            lambda: all_in(service, [r.id for r in runs], RunStatus.COMPLETED),
-            timeout=60,
-            message="every run completed",
-        )
+    await complete_all(app, settings, service, runs, 3, holder)
     assert peak == 3
     assert peak_prefetched > 0, "no run was claimed ahead"
     assert peak_prefetched <= 3
@@ -88,13 +101,7 @@ async def test_nothing_is_claimed_ahead_for_long_handlers_or_with_the_setting_of
         return None
 
     runs = [(await service.submit("work", {}))[0] for _ in range(40)]
-    async with running_worker(app, settings, concurrency=2) as worker:
-        holder.append(worker)
-        await wait_until(
-            lambda: all_in(service, [r.id for r in runs], RunStatus.COMPLETED),
-            timeout=60,
-            message="every run completed",
-        )
+    await complete_all(app, settings, service, runs, 2, holder)
     assert peak_prefetched == 0
     # The handlers running and the outcomes waiting to be written.
     assert peak_held <= 2 * 2
