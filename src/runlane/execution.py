@@ -75,9 +75,7 @@ class Execution:
         # run): stop() cancels that task only while the handler runs in it,
         # and counts its cancellations so that run() tells them from a
         # cancellation of the task from outside (the event loop going away).
-        self._task: asyncio.Task[Any] | None = None
-        # The task that will run this attempt, when its creator says so (the
-        # worker does): run() then need not look it up.
+        # Its creator may set it (the worker does), else run() looks it up.
         self.task: asyncio.Task[Any] | None = None
         self._in_handler = False
         self._stop_cancels = 0
@@ -101,7 +99,7 @@ class Execution:
             self.stop_reason = reason
         if reason is StopReason.LEASE_LOST:
             self.context.mark_lease_lost()
-        task = self._task
+        task = self.task
         if (
             self._in_handler
             and task is not None
@@ -142,7 +140,7 @@ class Execution:
             # Stopped before its handler began (a run claimed ahead that
             # waited for a slot): the handler is not called at all.
             self._end_handler(0.0)
-            await self._after_stop()
+            await self._after_stop(handler_started=False)
             return
         if self._handler is None:
             self._end_handler(0.0)
@@ -153,7 +151,7 @@ class Execution:
             return
         task = self.task or asyncio.current_task()
         assert task is not None
-        self._task = task
+        self.task = task
         started = time.monotonic()
         self._in_handler = True
         try:
@@ -239,7 +237,7 @@ class Execution:
         else:
             await self._finish(Outcome.RETRY, error=_exception_error(exc))
 
-    async def _after_stop(self) -> None:
+    async def _after_stop(self, *, handler_started: bool = True) -> None:
         if self.stop_reason is StopReason.LEASE_LOST:
             logger.warning("run %s: lease could not be renewed; its work stopped", self.run_id)
         elif self.stop_reason is StopReason.CANCELLED:
@@ -247,7 +245,7 @@ class Execution:
         elif self.stop_reason is StopReason.SHUTDOWN:
             message = (
                 "worker shut down; grace period over"
-                if self._task is not None
+                if handler_started
                 else "worker shut down before the run's handler started"
             )
             await self._finish(Outcome.RELEASED, error={"code": "released", "message": message})
