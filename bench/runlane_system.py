@@ -74,9 +74,9 @@ LISTING_RESTORED = (
 # (a query answering whether a migration's work is in effect, the SQL that
 # puts it back): the claim's settings of 0012 (runlane-claim-planned-each-
 # call resets them); the listing of 0030 (runlane-listing-on-runs puts the
-# listing indexes back on runs); run_attempts as 0033 leaves it
-# (runlane-attempts-before-0033 undoes it; the table is empty by then);
-# the uncapped claim of 0034 (runlane-before-0033-0034 puts 0027's back).
+# listing indexes back on runs); the attempt rows of 0035, written at the
+# attempt's end (runlane-attempts-at-claim puts back the claim of 0034 and
+# the outcome write of 0032, which wrote them at the claim).
 RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
     (
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
@@ -89,15 +89,15 @@ RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
         lambda: LISTING_RESTORED,
     ),
     (
-        "SELECT NOT EXISTS (SELECT FROM pg_constraint"
-        " WHERE conname = 'run_attempts_lease_token_key'"
-        " AND conrelid = 'runlane.run_attempts'::regclass)",
-        lambda: migration_sql(33),
-    ),
-    (
-        "SELECT prosrc LIKE '%aged := EXISTS%' FROM pg_proc"
+        "SELECT prosrc LIKE '%attempt_started_at%' FROM pg_proc"
         " WHERE oid = 'runlane.claim_uncapped_runs'::regproc",
-        lambda: migration_sql(34),
+        lambda: (
+            "ALTER TABLE runlane.run_attempts SET (fillfactor = 100); "
+            + "; ".join(
+                migration_function(35, name)
+                for name in ("claim_uncapped_runs", "claim_capped_runs", "finish_attempts")
+            )
+        ),
     ),
 )
 
@@ -105,6 +105,14 @@ RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
 def migration_sql(version: int) -> str:
     """The SQL of one of runlane's migrations (experiments put pieces back)."""
     return next(m.sql for m in available_migrations() if m.version == version)
+
+
+def migration_function(version: int, name: str) -> str:
+    """The definition of function runlane.``name`` in one migration."""
+    sql = migration_sql(version)
+    start = sql.index(f"CREATE OR REPLACE FUNCTION runlane.{name}(")
+    body = sql.index("AS $$", start)
+    return sql[start : sql.index("$$;", body + len("AS $$")) + len("$$;")]
 
 
 def insert_pending(conn: psycopg.Connection[Any], n: int, *, start: int = 0) -> None:

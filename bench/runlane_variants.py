@@ -34,13 +34,13 @@ change the benchmark database or the worker's settings, never src/.
   migration 0030, instead of the table run_listing written at the insert
   (the worker's queries never read them; every claim and outcome write
   adds entries to them): 0030's before/after.
-- ``runlane-attempts-before-0033``: ``run_attempts`` with its unique
-  index on ``lease_token`` and full pages, as before migration 0033 (every
-  claim adds an entry to that index; an attempt's end is never a HOT
-  update): 0033's before/after.
-- ``runlane-before-0033-0034``: the same, and the uncapped claim as
-  before migration 0034 (it reads and locks the oldest runs whether or
-  not one has aged): the two migrations' before/after together.
+- (``runlane-attempts-before-0033`` and ``runlane-before-0033-0034``,
+  the twenty-second session's before/after of migrations 0033 and 0034,
+  are gone: since migration 0035 an attempt's row is written once, at its
+  end, and the claims they put back wrote it at the claim too.)
+- ``runlane-attempts-at-claim``: attempt rows as before migration 0035,
+  inserted by the claim (0034's) and updated by the outcome write
+  (0032's), with half-filled pages (0033): 0035's before/after.
 - ``runlane-python-gc``: the worker with Python's own garbage-collector
   settings (``RUNLANE_GC_THRESHOLD=0``: a collection every 700 new
   objects, nothing frozen) instead of runlane's (``runlane.collector``):
@@ -146,18 +146,18 @@ LISTING_ON_RUNS = (
     " ON user_id, hashtext(user_id) FROM runlane.runs"
 )
 
-# run_attempts as before migration 0033; runlane_system.reset puts 0033 back.
-ATTEMPTS_BEFORE_0033 = (
-    "ALTER TABLE runlane.run_attempts"
-    " ADD CONSTRAINT run_attempts_lease_token_key UNIQUE (lease_token);"
-    " ALTER TABLE runlane.run_attempts RESET (fillfactor)"
-)
 
-
-def claim_before_0034() -> str:
-    """The uncapped claim of migration 0027 (0034 replaced it)."""
-    sql = runlane_system.migration_sql(27)
-    return sql[sql.index("CREATE OR REPLACE FUNCTION runlane.claim_uncapped_runs(") :]
+# Attempt rows as before migration 0035; runlane_system.reset puts 0035's
+# functions back. (A burn-down reaps nothing and dispatches no lane, so the
+# reaper and dispatch_head of 0035 are not on its path.)
+def attempts_at_claim() -> str:
+    return "; ".join(
+        [
+            "ALTER TABLE runlane.run_attempts SET (fillfactor = 50)",
+            runlane_system.migration_function(34, "claim_uncapped_runs"),
+            runlane_system.migration_function(32, "finish_attempts"),
+        ]
+    )
 
 
 VARIANTS = {
@@ -179,12 +179,7 @@ VARIANTS = {
         "runlane-claim-planned-each-call", sql=CLAIM_PLANNED_EACH_CALL
     ),
     "runlane-listing-on-runs": Variant("runlane-listing-on-runs", sql=LISTING_ON_RUNS),
-    "runlane-attempts-before-0033": Variant(
-        "runlane-attempts-before-0033", sql=ATTEMPTS_BEFORE_0033
-    ),
-    "runlane-before-0033-0034": Variant(
-        "runlane-before-0033-0034", sql=lambda: ATTEMPTS_BEFORE_0033 + "; " + claim_before_0034()
-    ),
+    "runlane-attempts-at-claim": Variant("runlane-attempts-at-claim", sql=attempts_at_claim),
     "runlane-python-gc": Variant("runlane-python-gc", env={"RUNLANE_GC_THRESHOLD": "0"}),
     # The same worker from another checkout, in the same rounds:
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add

@@ -276,35 +276,33 @@ def test_listing_on_runs_variant_is_undone_for_the_next_system(bench_env: str) -
         assert row == (3,)
 
 
-@pytest.mark.parametrize("name", ["runlane-attempts-before-0033", "runlane-before-0033-0034"])
-def test_variants_before_0033_are_undone_for_the_next_system(bench_env: str, name: str) -> None:
-    # The variants give run_attempts its lease-token index and full pages
-    # back (before migration 0033), and the second the claim of before 0034
-    # too, in the database every system shares; the next system's reset
-    # must bring both migrations back.
+def test_the_variant_with_attempts_at_claim_is_undone_for_the_next_system(bench_env: str) -> None:
+    # runlane-attempts-at-claim puts back the claim and outcome write of
+    # before migration 0035 (attempt rows inserted at the claim) in the
+    # database every system shares; the next system's reset must bring
+    # 0035's back.
     from bench import runlane_system
     from bench.common import bench_database
     from bench.runlane_variants import VARIANTS
 
-    def layout() -> tuple[bool, list[str] | None, bool]:
-        row = conn.execute(
-            "SELECT to_regclass('runlane.run_attempts_lease_token_key') IS NOT NULL,"
-            " (SELECT reloptions FROM pg_class WHERE oid = 'runlane.run_attempts'::regclass),"
-            " (SELECT prosrc LIKE '%%aged := EXISTS%%' FROM pg_proc"
-            "  WHERE oid = 'runlane.claim_uncapped_runs'::regproc)"
-        ).fetchone()
-        assert row is not None
-        return bool(row[0]), row[1], bool(row[2])
-
-    variant = VARIANTS[name]
-    with bench_database("variant_smoke") as url, psycopg.connect(url, autocommit=True) as conn:
-        variant.setup(url)
-        variant.reset(url)
-        assert layout() == (True, None, name == "runlane-attempts-before-0033")
+    def attempt_rows_after_claim() -> tuple[int, list[str] | None]:
+        conn.execute("TRUNCATE runlane.runs, runlane.run_attempts CASCADE")
         runlane_system.insert_pending(conn, 3)
         claimed = conn.execute(
             "SELECT count(*) FROM runlane.claim_runs('w', NULL, 2, 30, 10)"
         ).fetchone()
         assert claimed == (2,)
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM runlane.run_attempts),"
+            " (SELECT reloptions FROM pg_class WHERE oid = 'runlane.run_attempts'::regclass)"
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), row[1]
+
+    variant = VARIANTS["runlane-attempts-at-claim"]
+    with bench_database("variant_smoke") as url, psycopg.connect(url, autocommit=True) as conn:
+        variant.setup(url)
+        variant.reset(url)
+        assert attempt_rows_after_claim() == (2, ["fillfactor=50"])
         runlane_system.reset(url)
-        assert layout() == (False, ["fillfactor=50"], True)
+        assert attempt_rows_after_claim() == (0, ["fillfactor=100"])

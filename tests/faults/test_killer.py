@@ -324,10 +324,16 @@ CHECKS: dict[str, str] = {
     "runs without their request": """
         SELECT count(*) FROM runlane.runs AS r
         WHERE NOT EXISTS (SELECT 1 FROM runlane.requests AS q WHERE q.run_id = r.id)""",
+    # An attempt's row is written when it ends (migration 0035), by the
+    # outcome write or the reaper: once every run has ended, each claim
+    # left exactly one row, ended.
     "attempts left open": "SELECT count(*) FROM runlane.run_attempts WHERE ended_at IS NULL",
-    # Attempt rows are written with their run's claim (run_attempts has no
-    # foreign key since migration 0027): each names a stored run, and one
-    # of that run's claims.
+    "runs whose attempts are not all recorded": """
+        SELECT count(*) FROM runlane.runs AS r
+        WHERE r.claim_count <> (SELECT count(*) FROM runlane.run_attempts AS a
+                                WHERE a.run_id = r.id)""",
+    # run_attempts has no foreign key (migration 0027): each row names a
+    # stored run, and one of that run's claims.
     "attempts without their run": """
         SELECT count(*) FROM runlane.run_attempts AS a
         LEFT JOIN runlane.runs AS r ON r.id = a.run_id

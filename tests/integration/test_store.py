@@ -211,11 +211,8 @@ async def test_claims_age_and_order_the_same_with_and_without_caps(
         ["fresh low"],
     ]
     assert all(c.run.attempts == 1 for batch in claimed for c in batch)
-    attempts = sql.execute(
-        "SELECT count(*) FROM runlane.run_attempts WHERE run_id = ANY(%s)",
-        ([old_low.id, high.id, fresh_low.id, later.id],),
-    ).fetchone()
-    assert attempts == (3,)
+    attempts = [await store.list_attempts(run.id) for run in (old_low, high, fresh_low, later)]
+    assert [len(each) for each in attempts] == [1, 1, 1, 0]
     # Without aging, priority alone decides.
     sql.execute("UPDATE runlane.runs SET status = 'pending', lease_token = NULL, attempts = 0")
     by_priority = [
@@ -231,24 +228,41 @@ async def test_claims_age_and_order_the_same_with_and_without_caps(
     ]
 
 
-async def test_claim_counts_an_attempt_and_writes_an_attempt_row(
+async def test_claim_counts_an_attempt_that_its_end_records(
     service: RunService, store: RunStore, sql: Conn
 ) -> None:
     run, _ = await service.submit("a", {})
     claimed = await claim_one(store, worker="worker-7")
     assert claimed.run.attempts == 1 and claimed.run.status is RunStatus.RUNNING
     assert await store.claim_batch(worker_id="w2", limit=10, lease_seconds=30) == []
-    row = sql.execute(
-        "SELECT attempt, worker_id, lease_token, ended_at FROM runlane.run_attempts"
-        " WHERE run_id = %s",
-        (run.id,),
-    ).fetchone()
-    assert row == (1, "worker-7", claimed.lease_token, None)
+    # The attempt in progress is read from the run (migration 0035)...
+    (current,) = await store.list_attempts(run.id)
+    assert (current.attempt, current.worker_id, current.lease_token, current.ended_at) == (
+        1,
+        "worker-7",
+        claimed.lease_token,
+        None,
+    )
+    assert current.outcome is None and current.started_at is not None
+    assert sql.execute(
+        "SELECT count(*) FROM runlane.run_attempts WHERE run_id = %s", (run.id,)
+    ).fetchone() == (0,)
     lease_left = sql.execute(
         "SELECT extract(epoch FROM lease_expires_at - now()) FROM runlane.runs WHERE id = %s",
         (run.id,),
     ).fetchone()
     assert lease_left is not None and 25 < float(lease_left[0]) <= 30
+    # ...and its end writes its row, with the same start.
+    await store.finish_attempt(run.id, claimed.lease_token, Outcome.COMPLETED)
+    (ended,) = await store.list_attempts(run.id)
+    assert (ended.attempt, ended.worker_id, ended.lease_token, ended.started_at) == (
+        1,
+        "worker-7",
+        claimed.lease_token,
+        current.started_at,
+    )
+    assert ended.outcome == "completed" and ended.ended_at is not None
+    assert ended.ended_at >= ended.started_at
 
 
 async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store: RunStore) -> None:
@@ -296,7 +310,9 @@ async def test_attempt_rows_go_with_their_runs(
     also_gone, _ = await service.submit("a", {})
     kept, _ = await service.submit("a", {})
     for _ in range(3):
-        await claim_one(store)
+        claimed = await claim_one(store)
+        await store.finish_attempt(claimed.run.id, claimed.lease_token, Outcome.COMPLETED)
+    assert len(sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()) == 3
     sql.execute("DELETE FROM runlane.runs WHERE id = ANY(%s)", ([gone.id, also_gone.id],))
     left = sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()
     assert left == [(kept.id,)]
@@ -518,10 +534,7 @@ async def test_dead_after_max_attempts_then_requeue_keeps_history(
     assert requeued.status is RunStatus.PENDING and requeued.attempts == 0
     claimed = await claim_one(store)
     assert claimed.run.attempts == 1
-    history = sql.execute(
-        "SELECT attempt, outcome FROM runlane.run_attempts WHERE run_id = %s ORDER BY attempt",
-        (run.id,),
-    ).fetchall()
+    history = [(a.attempt, a.outcome) for a in await store.list_attempts(run.id)]
     assert history == [(1, "retry"), (2, "retry"), (3, None)]
 
 

@@ -3,7 +3,9 @@
 Migration 0032 changes the types of runs.status and runs.kind to domains
 and builds again the indexes that name status; the runs of every status
 and kind written under 0031 must come through it unchanged, and the
-functions it replaces must work on them.
+functions it replaces must work on them. Migration 0035 moves the
+attempts in progress from their open rows into their runs: each must end
+with one row, with the start it had.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import psycopg
 
 from runlane.migrations import migrate
 from runlane.models import RunStatus
+from runlane.queries import named_queries
 
 KINDS = ["direct", "request", "resume"]
 
@@ -73,3 +76,73 @@ def test_runs_of_every_status_and_kind_come_through_0032(empty_db_url: str) -> N
             ([c[0] for c in claimed], [c[1] for c in claimed]),
         ).fetchall()
         assert sorted(ended) == sorted((c[0], "completed") for c in claimed)
+
+
+def finish_completed(conn: psycopg.Connection[Any], held: list[tuple[Any, Any]]) -> list[Any]:
+    return conn.execute(
+        "SELECT run_id, run_status FROM runlane.finish_attempts(%s, %s,"
+        " array_fill('completed'::text, ARRAY[%s]), array_fill(NULL::jsonb, ARRAY[%s]),"
+        " array_fill(NULL::jsonb, ARRAY[%s]), array_fill(NULL::float8, ARRAY[%s]),"
+        " array_fill(NULL::jsonb, ARRAY[%s]), array_fill(NULL::float8, ARRAY[%s]), false)",
+        ([h[0] for h in held], [h[1] for h in held], *[len(held)] * 6),
+    ).fetchall()
+
+
+def attempts_listed(conn: psycopg.Connection[Any], run_id: Any) -> list[tuple[Any, ...]]:
+    return [
+        tuple(row)
+        for row in conn.execute(named_queries("queries.sql")["list_attempts"], {"run_id": run_id})
+    ]
+
+
+def test_attempts_in_progress_come_through_0035(empty_db_url: str) -> None:
+    migrate(empty_db_url, up_to=34)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts)"
+            " SELECT 'a', '{}', 3 FROM generate_series(1, 3)"
+        )
+        claimed = conn.execute(
+            "SELECT id, lease_token FROM runlane.claim_runs('w1', NULL, 3, 30, 60)"
+        ).fetchall()
+        assert len(claimed) == 3
+        # One attempt ended under 0034 (its row updated), two in progress
+        # (their rows open).
+        assert finish_completed(conn, claimed[:1]) == [(claimed[0][0], "completed")]
+        before = {
+            row[0]: row
+            for row in conn.execute(
+                "SELECT run_id, attempt, worker_id, lease_token, started_at, ended_at, outcome"
+                " FROM runlane.run_attempts"
+            )
+        }
+        assert sum(1 for row in before.values() if row[5] is None) == 2
+
+    applied = migrate(empty_db_url)
+    assert [m.version for m in applied] == [35]
+
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        # The open rows moved into their runs; the ended one stays.
+        rows = conn.execute("SELECT run_id FROM runlane.run_attempts").fetchall()
+        assert rows == [(claimed[0][0],)]
+        for run_id, _ in claimed:
+            (listed,) = attempts_listed(conn, run_id)
+            assert listed == before[run_id] + (None,)
+        # The outcome write of an attempt begun before the upgrade writes
+        # its row with the start it had.
+        assert finish_completed(conn, claimed[1:2]) == [(claimed[1][0], "completed")]
+        (ended,) = attempts_listed(conn, claimed[1][0])
+        assert ended[:5] == before[claimed[1][0]][:5]
+        assert ended[5] is not None and ended[6] == "completed"
+        # The reaper ends the other one the same way.
+        conn.execute(
+            "UPDATE runlane.runs SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+            (claimed[2][0],),
+        )
+        reaped = conn.execute(
+            named_queries("queries.sql")["reap_expired_leases"], {"run_id": None, "limit": 10}
+        ).fetchall()
+        assert [row[0] for row in reaped] == [claimed[2][0]]
+        (expired,) = attempts_listed(conn, claimed[2][0])
+        assert expired[:5] == before[claimed[2][0]][:5]
+        assert expired[6] == "lease_expired"

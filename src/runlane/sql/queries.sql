@@ -15,7 +15,7 @@
 -- Inserts a run that has no idempotency key (insert_run_with_key has).
 -- A run that can start now goes straight to a parked worker when there is
 -- one (its standing claim, migration 0025): inserted running, with that
--- worker's lease and its first attempt row, as a claim would write them,
+-- worker's lease and its attempt's start, as a claim would write them,
 -- and runlane_push tells the worker. Only a run with no delay, of a
 -- tenant without a cap, and with no run of its agent already waiting
 -- (which the next claim must take first); else it waits pending and
@@ -27,7 +27,7 @@ WITH standing AS (
     INSERT INTO runlane.runs (id, tenant, user_id, agent, input, priority, available_at,
                               max_attempts, budget, metadata,
                               status, attempts, claim_count, lease_token, lease_expires_at,
-                              worker_id, started_at, deadline_at)
+                              worker_id, started_at, attempt_started_at, deadline_at)
     SELECT coalesce(s.run_id, gen_random_uuid()), %(tenant)s, %(user_id)s, %(agent)s,
            %(input)s, %(priority)s,
            now() + make_interval(secs => least(%(delay_seconds)s, 31536000)),
@@ -39,13 +39,11 @@ WITH standing AS (
            now() + make_interval(secs => s.lease_seconds),
            s.worker_id,
            CASE WHEN s.run_id IS NOT NULL THEN now() END,
+           CASE WHEN s.run_id IS NOT NULL THEN now() END,
            CASE WHEN s.run_id IS NOT NULL THEN now() + make_interval(secs =>
                least((%(budget)s::jsonb ->> 'max_seconds')::double precision, 31536000)) END
     FROM (VALUES (1)) AS one (x) LEFT JOIN standing AS s ON true
     RETURNING *
-), first_attempt AS (
-    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token)
-    SELECT id, claim_count, worker_id, lease_token FROM inserted WHERE lease_token IS NOT NULL
 ), notified AS (
     -- A pushed run's NOTIFY carries the run as the claim answers it, so
     -- that its worker starts it without reading it first; a run too large
@@ -399,7 +397,7 @@ WHERE NOT EXISTS (SELECT 1 FROM requeued);
 -- leased run to find this one. Each branch keeps its shape whatever the
 -- parameters, so a plan kept for the prepared statement serves both.
 WITH expired_direct AS (
-    SELECT id, lease_token FROM runlane.runs
+    SELECT id, lease_token, claim_count, worker_id, attempt_started_at FROM runlane.runs
     WHERE %(run_id)s::uuid IS NULL
       AND status IN ('running', 'cancel_requested') AND lease_expires_at < now()
       AND lane_id IS NULL
@@ -407,7 +405,7 @@ WITH expired_direct AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), expired_one AS (
-    SELECT id, lease_token FROM runlane.runs
+    SELECT id, lease_token, claim_count, worker_id, attempt_started_at FROM runlane.runs
     WHERE id = %(run_id)s::uuid
       AND (status IN ('running', 'cancel_requested') AND lease_expires_at < now()) IS TRUE
     FOR UPDATE SKIP LOCKED
@@ -439,14 +437,17 @@ WITH expired_direct AS (
         worker_id = NULL
     FROM expired
     WHERE r.id = expired.id
-    RETURNING r.id, r.status, r.agent, expired.lease_token AS expired_token
+    RETURNING r.id, r.status, r.agent
 ), attempt_rows AS (
-    UPDATE runlane.run_attempts AS a
-    SET ended_at = now(), outcome = 'lease_expired',
-        error = jsonb_build_object('code', 'lease_expired',
-                                   'message', 'the worker stopped renewing its lease')
-    FROM reaped
-    WHERE a.run_id = reaped.id AND a.lease_token = reaped.expired_token
+    -- The expired attempt's row (migration 0035), from what the run held
+    -- for it when it was locked above.
+    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token, started_at,
+                                      ended_at, outcome, error)
+    SELECT expired.id, expired.claim_count, expired.worker_id, expired.lease_token,
+           expired.attempt_started_at, now(), 'lease_expired',
+           jsonb_build_object('code', 'lease_expired',
+                              'message', 'the worker stopped renewing its lease')
+    FROM reaped JOIN expired ON expired.id = reaped.id
 )
 SELECT id, status, agent FROM reaped;
 
@@ -558,7 +559,15 @@ ORDER BY seq
 LIMIT %(limit)s;
 
 -- name: list_attempts
-SELECT * FROM runlane.run_attempts WHERE run_id = %(run_id)s ORDER BY attempt;
+-- The run's ended attempts, then the one in progress: its row is written
+-- when it ends (migration 0035), so while the run holds a lease the
+-- attempt is read from the run.
+SELECT run_id, attempt, worker_id, lease_token, started_at, ended_at, outcome, error
+FROM runlane.run_attempts WHERE run_id = %(run_id)s
+UNION ALL
+SELECT id, claim_count, worker_id, lease_token, attempt_started_at, NULL, NULL, NULL
+FROM runlane.runs WHERE id = %(run_id)s AND lease_token IS NOT NULL
+ORDER BY attempt;
 
 -- name: count_runs_by_status
 -- A tenant's runs through its listing (migration 0030).
