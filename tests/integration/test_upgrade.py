@@ -29,6 +29,26 @@ def runs_as_stored(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
+def finish_completed(conn: psycopg.Connection[Any], held: list[tuple[Any, Any]]) -> list[Any]:
+    """Ends the attempts of ``held`` (run id, lease token) completed; the
+    runs' new statuses."""
+    return conn.execute(
+        "SELECT run_id, run_status FROM runlane.finish_attempts(%s, %s,"
+        " array_fill('completed'::text, ARRAY[%s]), array_fill(NULL::jsonb, ARRAY[%s]),"
+        " array_fill(NULL::jsonb, ARRAY[%s]), array_fill(NULL::float8, ARRAY[%s]),"
+        " array_fill(NULL::jsonb, ARRAY[%s]), array_fill(NULL::float8, ARRAY[%s]), false)",
+        ([h[0] for h in held], [h[1] for h in held], *[len(held)] * 6),
+    ).fetchall()
+
+
+def attempts_listed(conn: psycopg.Connection[Any], run_id: Any) -> list[tuple[Any, ...]]:
+    """A run's attempts as the API lists them (list_attempts)."""
+    return [
+        tuple(row)
+        for row in conn.execute(named_queries("queries.sql")["list_attempts"], {"run_id": run_id})
+    ]
+
+
 def test_runs_of_every_status_and_kind_come_through_0032(empty_db_url: str) -> None:
     migrate(empty_db_url, up_to=31)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
@@ -68,31 +88,8 @@ def test_runs_of_every_status_and_kind_come_through_0032(empty_db_url: str) -> N
             "SELECT id, lease_token FROM runlane.claim_runs('w2', NULL, 10, 30, 60)"
         ).fetchall()
         assert len(claimed) == 3
-        ended = conn.execute(
-            "SELECT run_id, run_status FROM runlane.finish_attempts(%s, %s,"
-            " array_fill('completed'::text, ARRAY[3]), array_fill(NULL::jsonb, ARRAY[3]),"
-            " array_fill(NULL::jsonb, ARRAY[3]), array_fill(NULL::float8, ARRAY[3]),"
-            " array_fill(NULL::jsonb, ARRAY[3]), array_fill(NULL::float8, ARRAY[3]), false)",
-            ([c[0] for c in claimed], [c[1] for c in claimed]),
-        ).fetchall()
+        ended = finish_completed(conn, claimed)
         assert sorted(ended) == sorted((c[0], "completed") for c in claimed)
-
-
-def finish_completed(conn: psycopg.Connection[Any], held: list[tuple[Any, Any]]) -> list[Any]:
-    return conn.execute(
-        "SELECT run_id, run_status FROM runlane.finish_attempts(%s, %s,"
-        " array_fill('completed'::text, ARRAY[%s]), array_fill(NULL::jsonb, ARRAY[%s]),"
-        " array_fill(NULL::jsonb, ARRAY[%s]), array_fill(NULL::float8, ARRAY[%s]),"
-        " array_fill(NULL::jsonb, ARRAY[%s]), array_fill(NULL::float8, ARRAY[%s]), false)",
-        ([h[0] for h in held], [h[1] for h in held], *[len(held)] * 6),
-    ).fetchall()
-
-
-def attempts_listed(conn: psycopg.Connection[Any], run_id: Any) -> list[tuple[Any, ...]]:
-    return [
-        tuple(row)
-        for row in conn.execute(named_queries("queries.sql")["list_attempts"], {"run_id": run_id})
-    ]
 
 
 def test_attempts_in_progress_come_through_0035(empty_db_url: str) -> None:
