@@ -77,7 +77,7 @@ async def measure(url: str, batches: list[int], runs_per_size: int) -> dict[str,
                 )
                 assert len(claimed) == k, "the queue ran out"
                 await store.finish_attempts_status(
-                    [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in claimed]
+                    [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in claimed]
                 )
 
             result[f"pair_{k}"] = await backend_cpu_us(pid, claim_and_finish, pairs)

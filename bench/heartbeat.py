@@ -60,7 +60,7 @@ async def measure(url: str, held: int, ticks: int, per_run_ticks: int) -> dict[s
             batch = await store.claim_batch(
                 worker_id=worker.id, limit=min(200, held - len(leases)), lease_seconds=600
             )
-            leases.extend((c.run.id, c.lease_token) for c in batch)
+            leases.extend((c.id, c.lease_token) for c in batch)
         async with pool.connection() as conn:
             cur = await conn.execute("SELECT pg_backend_pid() AS pid")
             row = await cur.fetchone()

@@ -103,14 +103,14 @@ async def measure(url: str, m: int) -> dict[str, Any]:
             claimed.extend(batch)
         for c in claimed:
             t = time.perf_counter()
-            await store.finish_attempts_status([Finish(c.run.id, c.lease_token, Outcome.COMPLETED)])
+            await store.finish_attempts_status([Finish(c.id, c.lease_token, Outcome.COMPLETED)])
             finish.append(time.perf_counter() - t)
         for _ in range(m):
             t = time.perf_counter()
             batch = await store.claim_batch(worker_id="bench-history", limit=10, lease_seconds=60)
             claim10.append(time.perf_counter() - t)
             await store.finish_attempts_status(
-                [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in batch]
+                [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in batch]
             )
     finally:
         await pool.close()

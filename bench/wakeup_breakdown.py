@@ -74,7 +74,7 @@ async def serve(url: str) -> None:
         rows = await claim(spec)
         done = time.time()
         for c in rows:
-            marks.setdefault(str(c.run.id), {}).update(
+            marks.setdefault(str(c.id), {}).update(
                 notify=last_notify[0], claim_sent=sent, claim_done=done
             )
         return rows

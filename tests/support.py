@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ import psycopg
 
 from runlane.app import App
 from runlane.embedded import EmbeddedPostgres
+from runlane.models import ClaimedRun, Run
 from runlane.settings import Settings
 from runlane.worker import Worker
 
@@ -71,3 +73,17 @@ def embedded_test_server() -> Iterator[EmbeddedPostgres]:
     finally:
         server.stop(mode="immediate")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def claimed_as_stored(claimed: ClaimedRun, stored: Run | None) -> dict[str, tuple[Any, Any]]:
+    """The fields where a claimed run differs from the run as stored
+    (empty when it is the same run, as the claim left it)."""
+    assert stored is not None, "the claimed run is not stored"
+    differ = {}
+    for field in fields(ClaimedRun):
+        if field.name in ("deadline_in_seconds", "pushed"):
+            continue
+        mine, theirs = getattr(claimed, field.name), getattr(stored, field.name)
+        if mine != theirs or type(mine) is not type(theirs):
+            differ[field.name] = (mine, theirs)
+    return differ

@@ -62,25 +62,24 @@ class RunContext:
     """
 
     def __init__(self, claimed: ClaimedRun, store: RunStore, lease: LeaseClock) -> None:
-        run = claimed.run
-        self.run_id: UUID = run.id
-        self.agent = run.agent
-        self.tenant = run.tenant
-        self.user_id = run.user_id
-        self.thread_id = run.thread_id
+        self.run_id: UUID = claimed.id
+        self.agent = claimed.agent
+        self.tenant = claimed.tenant
+        self.user_id = claimed.user_id
+        self.thread_id = claimed.thread_id
         # The database the worker runs on (set by the worker): integrations
         # that keep state of their own (LangGraph's checkpointer) use it.
         self.database_url: str | None = None
-        self.input: Any = run.input
-        self.attempt: int = run.attempts
-        self.max_attempts: int = run.max_attempts
-        self.checkpoint: Any = run.checkpoint
-        self.metadata: dict[str, Any] = run.metadata
-        self.budget: dict[str, Any] = run.budget
+        self.input: Any = claimed.input
+        self.attempt: int = claimed.attempts
+        self.max_attempts: int = claimed.max_attempts
+        self.checkpoint: Any = claimed.checkpoint
+        self.metadata: dict[str, Any] = claimed.metadata
+        self.budget: dict[str, Any] = claimed.budget
         # Model turns taken so far, over every attempt of this run.
-        self.turns: int = run.turns
-        self.resume_value: Any = run.resume_value
-        self.kind = run.kind
+        self.turns: int = claimed.turns
+        self.resume_value: Any = claimed.resume_value
+        self.kind = claimed.kind
         self.lease_token: UUID = claimed.lease_token
         self._store = store
         self._lease = lease
@@ -93,7 +92,7 @@ class RunContext:
         # Made only for a handler that waits for a cancel (most never do).
         self._cancel_event: asyncio.Event | None = None
         self._shutdown_requested = False
-        self._steer_requested = run.steer_requested_at is not None
+        self._steer_requested = claimed.steer_requested_at is not None
         self._lease_lost = False
 
     # -- signals from the worker -------------------------------------------

@@ -65,7 +65,7 @@ class Execution:
         self._metrics = metrics
         self._completions = completions
         self.claimed = claimed
-        self.run_id = claimed.run.id
+        self.run_id = claimed.id
         self.lease = LeaseClock(lease_seconds)
         self.lease.renewed(claim_sent_at)
         self.context = RunContext(claimed, store, self.lease)
@@ -135,7 +135,7 @@ class Execution:
 
     async def run(self) -> None:
         """Runs the attempt to its end; never raises for the handler's sake."""
-        run = self.claimed.run
+        claimed = self.claimed
         if self.stop_reason is not None:
             # Stopped before its handler began (a run claimed ahead that
             # waited for a slot): the handler is not called at all.
@@ -146,7 +146,7 @@ class Execution:
             self._end_handler(0.0)
             await self._finish(
                 Outcome.FAILED,
-                error={"code": "unknown_agent", "message": f"no agent named {run.agent!r}"},
+                error={"code": "unknown_agent", "message": f"no agent named {claimed.agent!r}"},
             )
             return
         task = self.task or asyncio.current_task()
@@ -157,7 +157,7 @@ class Execution:
         try:
             result = await self._handler(self.context)
         except BaseException as exc:
-            self._handler_done(run.agent, started)
+            self._handler_done(claimed.agent, started)
             self._raise_if_cancelled_from_outside(task, exc)
             self._uncancel(task)
             if isinstance(exc, asyncio.CancelledError):
@@ -170,7 +170,7 @@ class Execution:
                 raise  # KeyboardInterrupt, SystemExit
             await self._ended_by(exc)
             return
-        self._handler_done(run.agent, started)
+        self._handler_done(claimed.agent, started)
         # The handler returned: its result is written, whatever cancels it
         # caught on the way (a stop() it swallowed, or its own code that
         # cancelled this task without uncancel(), as hand-made timeouts
@@ -274,7 +274,7 @@ class Execution:
                     retry_delay_seconds=retry_delay_seconds,
                     interrupt=interrupt,
                     interrupt_expires_in=interrupt_expires_in,
-                    lane_id=self.claimed.run.lane_id,
+                    lane_id=self.claimed.lane_id,
                 )
                 if self._completions is not None:
                     # Lanes' runs too: the batch locks their lanes first.

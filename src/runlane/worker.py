@@ -40,7 +40,7 @@ from runlane.execution import Execution, StopReason
 from runlane.heartbeat import Heartbeat
 from runlane.lane_store import LaneStore
 from runlane.listener import Listener
-from runlane.models import ClaimedRun, Run
+from runlane.models import ClaimedRun
 from runlane.pruner import Pruner
 from runlane.reaper import Reaper
 from runlane.recovery import Recovery
@@ -439,7 +439,7 @@ class Worker:
     def _take_pushed_run(self, claimed: ClaimedRun, parked_sent_at: float) -> None:
         """A pushed run, as its NOTIFY or the unpark carried it: start it,
         its lease counted from when the standing claim was left."""
-        if self._first_push(claimed.run.id):
+        if self._first_push(claimed.id):
             self.claims_pushed += 1
             self.metrics.claims.inc()
             self._start(claimed, parked_sent_at)
@@ -557,21 +557,20 @@ class Worker:
 
     def _start(self, claimed: ClaimedRun, sent_at: float) -> None:
         self.claims += 1
-        run = claimed.run
         execution = Execution(
             claimed,
-            self.app.agents.get(run.agent),
+            self.app.agents.get(claimed.agent),
             self.store,
             lease_seconds=self.settings.lease_seconds,
             claim_sent_at=sent_at,
             metrics=self.metrics,
             completions=self.completions,
             on_handler_end=(
-                self._handler_ended if run.lane_id is None else self._lane_handler_ended
+                self._handler_ended if claimed.lane_id is None else self._lane_handler_ended
             ),
         )
         execution.context.database_url = self.url
-        self.executions[run.id] = execution
+        self.executions[claimed.id] = execution
         if self.handlers_running < self.concurrency and not self._prefetched:
             self._launch(execution)
         else:
@@ -616,7 +615,7 @@ class Worker:
         finally:
             # Frees the slot too if run() ended without the handler's end.
             execution.close()
-            if execution.claimed.run.lane_id is not None:
+            if execution.claimed.lane_id is not None:
                 self._lane_outcomes_pending -= 1
             # The same run may already be claimed again by this worker (a
             # retry with no delay): only forget this attempt's own entry.
@@ -657,10 +656,9 @@ class Worker:
                 return
             self.metrics.wakeups.labels(source="push").inc()
             if "run" in message:
-                run = Run.from_json(message["run"])
-                if run.lease_token is None:
-                    raise ValueError("a pushed run without a lease")
-                claimed = ClaimedRun(run, run.lease_token, message["deadline_in_seconds"], True)
+                claimed = ClaimedRun.from_pushed_json(
+                    message["run"], message["deadline_in_seconds"]
+                )
                 self._take_pushed_run(claimed, self._parked_sent_at)
             else:
                 self._take_pushed(PushedRun(UUID(message["run_id"]), UUID(message["lease_token"])))

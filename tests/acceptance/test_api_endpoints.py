@@ -118,7 +118,7 @@ async def claim_run(store: RunStore, run_id: str | UUID, *, worker: str = WORKER
     claimable run at a time."""
     batch = await store.claim_batch(worker_id=worker, limit=1, lease_seconds=60)
     assert batch, f"run {run_id} was not claimable"
-    assert str(batch[0].run.id) == str(run_id), f"claimed {batch[0].run.id}, expected {run_id}"
+    assert str(batch[0].id) == str(run_id), f"claimed {batch[0].id}, expected {run_id}"
     return batch[0]
 
 
@@ -981,7 +981,7 @@ async def test_resume_an_interrupted_run(ann: httpx.AsyncClient, store: RunStore
         "not_interrupted",
     )
     claimed = await claim_run(store, first["run_id"])
-    await store.save_checkpoint(claimed.run.id, claimed.lease_token, {"turn": 2})
+    await store.save_checkpoint(claimed.id, claimed.lease_token, {"turn": 2})
     await finish(store, claimed, Outcome.INTERRUPTED, interrupt={"ask": "approve?"})
     interrupted = ok(await ann.get(f"/v1/runs/{first['run_id']}"))
     assert (interrupted["status"], interrupted["interrupt"]) == ("interrupted", {"ask": "approve?"})
@@ -1107,7 +1107,7 @@ async def test_event_streams_of_finished_runs_and_requests(
     request = await submit(ann, "t1", "one", request_id="one")
     claimed = await claim_run(store, request["run_id"])
     for i in range(3):
-        assert await store.append_event(claimed.run.id, claimed.lease_token, "token", {"i": i})
+        assert await store.append_event(claimed.id, claimed.lease_token, "token", {"i": i})
     await finish(store, claimed, Outcome.COMPLETED, output={"answer": "hi"})
 
     events = await read_sse(ann, f"/v1/runs/{request['run_id']}/events")

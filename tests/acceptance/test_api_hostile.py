@@ -141,12 +141,12 @@ async def world(api: ApiServer, store: RunStore) -> World:
     async with api.client(secrets["ann"]) as ann:
         done = (await ann.post("/v1/runs", json={"agent": AGENT, "input": {"n": 1}})).json()
         claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=600)
-        assert [c.run.id for c in claimed] == [done["run_id"]] or str(claimed[0].run.id) == str(
+        assert [c.id for c in claimed] == [done["run_id"]] or str(claimed[0].id) == str(
             done["run_id"]
         )
         for n in range(3):
-            await store.append_event(claimed[0].run.id, claimed[0].lease_token, "step", {"n": n})
-        await store.record_effect(claimed[0].run.id, claimed[0].lease_token, "mail", {"ok": 1})
+            await store.append_event(claimed[0].id, claimed[0].lease_token, "step", {"n": n})
+        await store.record_effect(claimed[0].id, claimed[0].lease_token, "mail", {"ok": 1})
         await finish(store, claimed[0], Outcome.COMPLETED, output={"answer": 42})
 
         requests = []
@@ -158,7 +158,7 @@ async def world(api: ApiServer, store: RunStore) -> World:
             assert reply.status_code == 201, reply.text
             requests.append(reply.json())
         lane_claim = await store.claim_batch(worker_id="w", limit=1, lease_seconds=600)
-        assert str(lane_claim[0].run.id) == requests[0]["run_id"]
+        assert str(lane_claim[0].id) == requests[0]["run_id"]
 
         pending = (await ann.post("/v1/runs", json={"agent": AGENT, "input": {"n": 2}})).json()
     async with api.client(secrets["bob"]) as bob:

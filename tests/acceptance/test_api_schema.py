@@ -84,14 +84,14 @@ class LiveApi:
 
 async def claim_run(store: RunStore, run_id: str) -> ClaimedRun:
     batch = await store.claim_batch(worker_id="schema-host", limit=1, lease_seconds=300)
-    assert batch and str(batch[0].run.id) == run_id, "another run was claimable"
+    assert batch and str(batch[0].id) == run_id, "another run was claimable"
     return batch[0]
 
 
 async def finish_run(store: RunStore, run_id: str, outcome: Outcome, **kwargs: Any) -> None:
     claimed = await claim_run(store, run_id)
     finished = await store.finish_attempt(
-        claimed.run.id, claimed.lease_token, outcome, lane_id=claimed.run.lane_id, **kwargs
+        claimed.id, claimed.lease_token, outcome, lane_id=claimed.lane_id, **kwargs
     )
     assert finished is not None
 

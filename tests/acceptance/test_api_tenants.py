@@ -104,7 +104,7 @@ async def callers(api: ApiServer) -> AsyncIterator[Callers]:
 
 async def claim(store: RunStore, run_id: str) -> Any:
     batch = await store.claim_batch(worker_id=WORKER, limit=1, lease_seconds=300)
-    assert batch and str(batch[0].run.id) == run_id, "another run was claimable"
+    assert batch and str(batch[0].id) == run_id, "another run was claimable"
     return batch[0]
 
 
@@ -134,7 +134,7 @@ async def world(callers: Callers, store: RunStore) -> World:
     done_run = await run(input={"secret": "done"})
     claimed = await claim(store, done_run)
     for i in range(2):
-        await store.append_event(claimed.run.id, claimed.lease_token, "token", {"i": i})
+        await store.append_event(claimed.id, claimed.lease_token, "token", {"i": i})
     await finish(store, claimed, Outcome.COMPLETED, output={"secret": "output"})
     first = await request("t1", "ann-1", "one")
     running_run = str(first["run_id"])

@@ -312,7 +312,7 @@ def test_input_from_stdin(cli: Cli) -> None:
 async def test_cancel_of_a_completed_run_is_an_error(cli: Cli, store: RunStore) -> None:
     run_id = cli.submit("echo", {})
     [claimed] = await store.claim_batch(worker_id="test", limit=1, lease_seconds=30)
-    await store.finish_attempt(claimed.run.id, claimed.lease_token, Outcome.COMPLETED, output={})
+    await store.finish_attempt(claimed.id, claimed.lease_token, Outcome.COMPLETED, output={})
     line = cli.error("runs", "cancel", run_id)
     assert line == f"error: run {run_id} already ended completed"
     assert "only failed or dead" in cli.error("runs", "retry", run_id)

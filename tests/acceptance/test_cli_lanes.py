@@ -242,13 +242,13 @@ async def test_an_interrupted_lane_refuses_new_work_until_resumed(
     first = submit(cli, "t1", {"n": 1})
     second = submit(cli, "t1", {"n": 2})
     [claimed] = await store.claim_batch(worker_id="test", limit=1, lease_seconds=30)
-    assert str(claimed.run.id) == first["run_id"]
+    assert str(claimed.id) == first["run_id"]
     await store.finish_attempt(
-        claimed.run.id,
+        claimed.id,
         claimed.lease_token,
         Outcome.INTERRUPTED,
         interrupt={"ask": "approve?"},
-        lane_id=claimed.run.lane_id,
+        lane_id=claimed.lane_id,
     )
     shown = lane(cli, "t1")
     assert (shown["state"], shown["run_id"]) == ("interrupted", first["run_id"])

@@ -38,12 +38,12 @@ async def kill_all(store: RunStore, outcomes: dict[Any, Outcome]) -> None:
     """Claims every pending run and ends each run named in ``outcomes`` so:
     RETRY with max_attempts=1 makes it dead."""
     claimed = await store.claim_batch(worker_id="test", limit=100, lease_seconds=30)
-    assert {c.run.id for c in claimed} == set(outcomes)
+    assert {c.id for c in claimed} == set(outcomes)
     for c in claimed:
         ended = await store.finish_attempt(
-            c.run.id,
+            c.id,
             c.lease_token,
-            outcomes[c.run.id],
+            outcomes[c.id],
             error={"code": "boom", "message": "no"},
             retry_delay_seconds=0,
         )

@@ -79,25 +79,24 @@ async def work(store: RunStore, claimed: ClaimedRun) -> None:
     """What a worker writes for one attempt (an event; an effect for every
     other run), then its outcome: mostly completed; every 50th direct run
     fails; every 33rd run is retried once."""
-    run = claimed.run
-    n = int(run.input["n"])
-    await store.append_event(run.id, claimed.lease_token, "step", {"n": n, "pad": "x" * 64})
+    n = int(claimed.input["n"])
+    await store.append_event(claimed.id, claimed.lease_token, "step", {"n": n, "pad": "x" * 64})
     if n % 2 == 0:
-        await store.record_effect(run.id, claimed.lease_token, "effect", {"ok": True})
-    if run.lane_id is None and n % 50 == 0:
+        await store.record_effect(claimed.id, claimed.lease_token, "effect", {"ok": True})
+    if claimed.lane_id is None and n % 50 == 0:
         outcome = Outcome.FAILED
-    elif n % 33 == 0 and run.attempts == 1:
+    elif n % 33 == 0 and claimed.attempts == 1:
         outcome = Outcome.RETRY
     else:
         outcome = Outcome.COMPLETED
     finished = await store.finish_attempt(
-        run.id,
+        claimed.id,
         claimed.lease_token,
         outcome,
         output={"n": n} if outcome is Outcome.COMPLETED else None,
         error={"code": "x", "message": "bloat"} if outcome is not Outcome.COMPLETED else None,
         retry_delay_seconds=0.0,
-        lane_id=run.lane_id,
+        lane_id=claimed.lane_id,
     )
     assert finished is not None
 
@@ -135,9 +134,7 @@ async def one_round(store: RunStore, lanes: LaneService, round_no: int) -> int:
         if not batch:
             return attempts
         attempts += len(batch)
-        held = await store.renew_leases(
-            [(c.run.id, c.lease_token) for c in batch], lease_seconds=60
-        )
+        held = await store.renew_leases([(c.id, c.lease_token) for c in batch], lease_seconds=60)
         assert len(held) == len(batch)
         await bounded(8, [work(store, claimed) for claimed in batch])
 

@@ -44,15 +44,15 @@ async def claim(store: RunStore, run_id: UUID) -> ClaimedRun:
     for _ in range(100):
         batch = await store.claim_batch(worker_id="test", limit=1, lease_seconds=30)
         assert batch, f"run {run_id} was not claimable"
-        if batch[0].run.id == run_id:
+        if batch[0].id == run_id:
             return batch[0]
-        raise AssertionError(f"claimed {batch[0].run.id}, expected {run_id}")
+        raise AssertionError(f"claimed {batch[0].id}, expected {run_id}")
     raise AssertionError("unreachable")
 
 
 async def finish(store: RunStore, claimed: ClaimedRun, outcome: Outcome, **kwargs: Any) -> Run:
     run = await store.finish_attempt(
-        claimed.run.id, claimed.lease_token, outcome, lane_id=claimed.run.lane_id, **kwargs
+        claimed.id, claimed.lease_token, outcome, lane_id=claimed.lane_id, **kwargs
     )
     assert run is not None, "lease lost"
     return run

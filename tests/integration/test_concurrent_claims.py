@@ -48,9 +48,9 @@ async def test_eight_claimers_never_share_a_leased_run(
                     continue
                 idle_since = None
                 for claimed in batch:
-                    run_id = claimed.run.id
+                    run_id = claimed.id
                     # 5% of first attempts are abandoned, as by a crashed worker.
-                    if claimed.run.attempts == 1 and rng.random() < 0.05:
+                    if claimed.attempts == 1 and rng.random() < 0.05:
                         abandoned.add(run_id)
                         continue
                     done = await store.finish_attempt(

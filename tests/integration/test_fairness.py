@@ -85,10 +85,10 @@ async def test_a_tenant_at_its_cap_does_not_hide_the_runs_behind_its_backlog(
     )
     await store.set_tenant_limit("noisy", 2)
     held = await store.claim_batch(worker_id="w1", limit=2, lease_seconds=30)
-    assert [c.run.tenant for c in held] == ["noisy", "noisy"]
+    assert [c.tenant for c in held] == ["noisy", "noisy"]
     quiet, _ = await service.submit("work", {}, tenant="quiet")
     claimed = await store.claim_batch(worker_id="w2", limit=8, lease_seconds=30)
-    assert [c.run.id for c in claimed] == [quiet.id]
+    assert [c.id for c in claimed] == [quiet.id]
 
 
 async def test_a_cap_of_zero_pauses_a_tenant_and_removing_it_resumes(

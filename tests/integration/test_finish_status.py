@@ -99,15 +99,15 @@ async def test_one_batch_ends_runs_of_several_lanes_and_relays_each(
     # The five lanes' heads and the direct run; the second requests queue.
     assert len(claimed) == 6
     finishes = [
-        Finish(c.run.id, c.lease_token, Outcome.COMPLETED, output=None, lane_id=c.run.lane_id)
+        Finish(c.id, c.lease_token, Outcome.COMPLETED, output=None, lane_id=c.lane_id)
         for c in reversed(claimed)  # any order: the store locks lanes by id
     ]
     ended = await store.finish_attempts_status(finishes)
-    assert ended == {c.run.id: RunStatus.COMPLETED for c in claimed}
+    assert ended == {c.id: RunStatus.COMPLETED for c in claimed}
     # Each lane relayed in that transaction: its second request is a run now.
     relayed = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
-    assert sorted(c.run.input["text"] for c in relayed) == ["second"] * 5
-    assert {c.run.lane_id for c in relayed} == {c.run.lane_id for c in claimed if c.run.lane_id}
+    assert sorted(c.input["text"] for c in relayed) == ["second"] * 5
+    assert {c.lane_id for c in relayed} == {c.lane_id for c in claimed if c.lane_id}
     assert direct.id in ended
 
 
@@ -126,10 +126,7 @@ async def test_concurrent_lane_batches_and_submits_do_not_deadlock(
 
     async def finish_batch(part: list[ClaimedRun]) -> dict[Any, RunStatus]:
         return await store.finish_attempts_status(
-            [
-                Finish(c.run.id, c.lease_token, Outcome.COMPLETED, lane_id=c.run.lane_id)
-                for c in part
-            ]
+            [Finish(c.id, c.lease_token, Outcome.COMPLETED, lane_id=c.lane_id) for c in part]
         )
 
     async def submits() -> None:
@@ -142,7 +139,7 @@ async def test_concurrent_lane_batches_and_submits_do_not_deadlock(
     assert len(results[0]) + len(results[1]) == len(threads)
     # Every lane ends with its "next" request running or queued, none lost.
     following = await store.claim_batch(worker_id="test", limit=50, lease_seconds=30)
-    assert sorted(c.run.input["text"] for c in following) == ["next"] * len(threads)
+    assert sorted(c.input["text"] for c in following) == ["next"] * len(threads)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +180,7 @@ async def test_each_run_of_a_batch_gets_only_its_own_values(
     # one value in it must land on its own run, in whichever position.
     runs = [(await service.submit("mix", {"i": i}))[0] for i in range(4)]
     claimed = await store.claim_batch(worker_id="test", limit=4, lease_seconds=30, agents=["mix"])
-    token = {c.run.id: c.lease_token for c in claimed}
+    token = {c.id: c.lease_token for c in claimed}
     first, second, third, fourth = (run.id for run in runs)
     batch = [
         Finish(first, token[first], Outcome.COMPLETED),
@@ -215,6 +212,6 @@ async def test_each_run_of_a_batch_gets_only_its_own_values(
     more = [(await service.submit("plain", {}))[0] for _ in range(3)]
     plain = await store.claim_batch(worker_id="test", limit=3, lease_seconds=30, agents=["plain"])
     done = await store.finish_attempts_status(
-        [Finish(c.run.id, c.lease_token, Outcome.COMPLETED) for c in plain]
+        [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in plain]
     )
     assert done == {run.id: RunStatus.COMPLETED for run in more}

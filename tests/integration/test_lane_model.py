@@ -574,10 +574,10 @@ class LaneMachine(RuleBasedStateMachine):
         claimed = self.env.run(
             self.env.store.claim_batch(worker_id="model", limit=1, lease_seconds=30, agents=[agent])
         )
-        assert [c.run.id for c in claimed] == [self.real(run)], "claimed another run"
+        assert [c.id for c in claimed] == [self.real(run)], "claimed another run"
         self.model.claim(run)
         run.token = claimed[0].lease_token
-        assert claimed[0].run.attempts == run.attempts
+        assert claimed[0].attempts == run.attempts
 
     def finish(self, run: MRun, outcome: Outcome, **kwargs: Any) -> None:
         if run.status == "pending":

@@ -25,7 +25,7 @@ Conn = psycopg.Connection[Any]
 
 async def finish_one(store: RunStore, outcome: Outcome, **kwargs: Any) -> Any:
     claimed = (await store.claim_batch(worker_id="w", limit=1, lease_seconds=30))[0]
-    return await store.finish_attempt(claimed.run.id, claimed.lease_token, outcome, **kwargs)
+    return await store.finish_attempt(claimed.id, claimed.lease_token, outcome, **kwargs)
 
 
 async def test_pruner_deletes_old_finished_runs_with_their_history(
@@ -36,8 +36,8 @@ async def test_pruner_deletes_old_finished_runs_with_their_history(
     dead, _ = await service.submit("a", {}, max_attempts=1)
     for _ in (kept, old):
         claimed = (await store.claim_batch(worker_id="w", limit=1, lease_seconds=30))[0]
-        await store.append_event(claimed.run.id, claimed.lease_token, "token", {})
-        await store.finish_attempt(claimed.run.id, claimed.lease_token, Outcome.COMPLETED)
+        await store.append_event(claimed.id, claimed.lease_token, "token", {})
+        await store.finish_attempt(claimed.id, claimed.lease_token, Outcome.COMPLETED)
     await finish_one(store, Outcome.RETRY, retry_delay_seconds=0)
     pending, _ = await service.submit("a", {})
     sql.execute(

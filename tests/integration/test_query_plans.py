@@ -46,7 +46,7 @@ async def leased(store: RunStore, sql: Conn) -> list[tuple[UUID, UUID]]:
     sql.execute("ANALYZE runlane.runs")
     runs = []
     while batch := await store.claim_batch(worker_id="w", limit=500, lease_seconds=300):
-        runs += [(c.run.id, c.lease_token) for c in batch]
+        runs += [(c.id, c.lease_token) for c in batch]
     assert len(runs) == LEASED
     return runs
 
@@ -627,7 +627,7 @@ async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
             claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
             assert len(claimed) == 1
             await store.finish_attempts_status(
-                [Finish(claimed[0].run.id, claimed[0].lease_token, Outcome.COMPLETED)]
+                [Finish(claimed[0].id, claimed[0].lease_token, Outcome.COMPLETED)]
             )
 
         for _ in range(12):
@@ -643,9 +643,9 @@ async def test_a_long_lived_worker_connection_plans_for_the_table_as_it_is(
         claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
         before = await pool_rows_read(pool, ("runs",))
         statuses = await store.finish_attempts_status(
-            [Finish(claimed[0].run.id, claimed[0].lease_token, Outcome.COMPLETED)]
+            [Finish(claimed[0].id, claimed[0].lease_token, Outcome.COMPLETED)]
         )
-        assert statuses == {claimed[0].run.id: RunStatus.COMPLETED}
+        assert statuses == {claimed[0].id: RunStatus.COMPLETED}
         assert await pool_rows_read(pool, ("runs",)) - before < 100
     finally:
         await pool.close()
@@ -675,7 +675,7 @@ async def test_a_long_lived_worker_connections_run_writes_keep_index_plans(
         add_pending_runs(sql, 3)
         sql.execute("ANALYZE runlane.runs")
         claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=300)
-        run_id, token = claimed[0].run.id, claimed[0].lease_token
+        run_id, token = claimed[0].id, claimed[0].lease_token
         # psycopg prepares a statement at its sixth run; PostgreSQL tries
         # its kept (generic) plan from the prepared statement's sixth run.
         for i in range(12):
@@ -723,7 +723,7 @@ async def test_a_claim_for_one_agent_reads_only_that_agents_runs(sql: Conn, capp
     with sql.transaction(force_rollback=True):
         before = rows_read(sql, "runs")
         claimed = sql.execute(claim, params).fetchall()
-        assert [row[4] for row in claimed] == ["a"] * 5  # agent
+        assert [row[1] for row in claimed] == ["a"] * 5  # agent
         assert rows_read(sql, "runs") - before < 100
 
 

@@ -13,11 +13,11 @@ import psycopg
 from runlane import App, RunContext
 from runlane.lane_service import LaneService
 from runlane.lanes import RequestStatus
-from runlane.models import RunStatus
+from runlane.models import ClaimedRun, RunStatus
 from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.store import ClaimSpec, PushedRun, RunStore
-from tests.support import running_worker, wait_until
+from tests.support import claimed_as_stored, running_worker, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -294,11 +294,10 @@ async def test_unparking_finds_a_run_whose_notification_was_lost(
     spare, _ = await service.submit("echo", {"n": 2})
     assert run.status is RunStatus.RUNNING and spare.status is RunStatus.PENDING
     claimed = await store.claim(spec)
-    assert sorted((c.run.id, c.pushed) for c in claimed) == sorted(
-        [(run.id, True), (spare.id, False)]
-    )
+    assert sorted((c.id, c.pushed) for c in claimed) == sorted([(run.id, True), (spare.id, False)])
     pushed = next(c for c in claimed if c.pushed)
-    assert pushed.lease_token == run.lease_token and pushed.run.status is RunStatus.RUNNING
+    assert pushed.lease_token == run.lease_token
+    assert claimed_as_stored(pushed, await service.get(run.id)) == {}
     # It took as many as it asked for: more may wait, so it did not park.
     assert standing_claims(sql) == []
     assert await store.claim(ClaimSpec(**{**_fields(spec), "unpark": False})) == []
@@ -310,12 +309,12 @@ async def test_unparking_finds_a_run_whose_notification_was_lost(
     found = await store.unpark("w-1")
     assert found == PushedRun(more[0].id, more[0].lease_token)
     fetched = await store.get_pushed_run(found)
-    assert fetched is not None and fetched.run == (await service.get(more[0].id))
+    assert fetched is not None and claimed_as_stored(fetched, await service.get(more[0].id)) == {}
     assert await store.unpark("w-1") is None
     # Unparked with nothing pushed: the claim takes the freed slot too.
     stand(sql, "w-2", ["echo"])
     extra = await store.claim(ClaimSpec(**{**_fields(spec), "worker_id": "w-2", "limit": 0}))
-    assert [(c.run.id, c.pushed) for c in extra] == [(more[1].id, False)]
+    assert [(c.id, c.pushed) for c in extra] == [(more[1].id, False)]
 
 
 def _fields(spec: ClaimSpec) -> dict[str, Any]:
@@ -343,11 +342,9 @@ async def test_a_pushed_runs_notification_carries_the_run_as_stored(
     service: RunService, sql: Conn, db_url: str
 ) -> None:
     # What the parked worker starts without reading it: the payload's run,
-    # field for field, is the run as stored; one too large for a NOTIFY
-    # is named only, and read.
+    # in every field the worker reads, is the run as stored; one too large
+    # for a NOTIFY is named only, and read.
     import json
-
-    from runlane.models import Run
 
     listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
     try:
@@ -362,9 +359,10 @@ async def test_a_pushed_runs_notification_carries_the_run_as_stored(
         )
         message = json.loads((await anext(notices)).payload)
         assert message["worker_id"] == "w-1"
-        pushed = Run.from_json(message["run"])
-        assert pushed == await service.get(run.id) == run
-        assert 59 < message["deadline_in_seconds"] <= 60
+        pushed = ClaimedRun.from_pushed_json(message["run"], message["deadline_in_seconds"])
+        assert claimed_as_stored(pushed, await service.get(run.id)) == {}
+        assert pushed.pushed and pushed.input == run.input and pushed.budget == run.budget
+        assert pushed.deadline_in_seconds is not None and 59 < pushed.deadline_in_seconds <= 60
         stand(sql, "w-2", None)
         big, _ = await service.submit("other", {"text": "x" * 9000})
         message = json.loads((await anext(notices)).payload)

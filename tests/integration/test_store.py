@@ -16,7 +16,7 @@ from runlane.queries import named_queries
 from runlane.reaper import Reaper
 from runlane.service import RunService
 from runlane.store import REAPER_LOCK_KEY, ClaimSpec, Finish, RunStore
-from tests.support import wait_until
+from tests.support import claimed_as_stored, run_status, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -69,9 +69,7 @@ async def test_json_values_come_back_as_submitted(service: RunService, store: Ru
     }
     first, _ = await service.submit("a", value)
     second, _ = await service.submit("a", {})
-    claimed = {
-        c.run.id: c.run for c in await store.claim_batch(worker_id="w", limit=2, lease_seconds=30)
-    }
+    claimed = {c.id: c for c in await store.claim_batch(worker_id="w", limit=2, lease_seconds=30)}
     assert claimed[first.id].input == value
     assert claimed[second.id].input == {}
     runs = [claimed[first.id], claimed[second.id]]
@@ -146,7 +144,7 @@ async def test_claim_order_is_priority_then_available_at_then_submission(
         (earlier.id,),
     )
     batch = await store.claim_batch(worker_id="w", limit=10, lease_seconds=30)
-    assert [c.run.id for c in batch] == [high.id, earlier.id, low1.id, low2.id]
+    assert [c.id for c in batch] == [high.id, earlier.id, low1.id, low2.id]
 
 
 @pytest.mark.parametrize("agents", [None, ["a"]], ids=["any-agent", "agent-list"])
@@ -205,12 +203,12 @@ async def test_claims_age_and_order_the_same_with_and_without_caps(
                 worker_id="w", limit=limit, lease_seconds=30, agents=agents, aging_seconds=10
             )
         )
-    assert [[names[c.run.id] for c in batch] for batch in claimed] == [
+    assert [[names[c.id] for c in batch] for batch in claimed] == [
         ["old low"],
         ["high"],
         ["fresh low"],
     ]
-    assert all(c.run.attempts == 1 for batch in claimed for c in batch)
+    assert all(c.attempts == 1 for batch in claimed for c in batch)
     attempts = [await store.list_attempts(run.id) for run in (old_low, high, fresh_low, later)]
     assert [len(each) for each in attempts] == [1, 1, 1, 0]
     # Without aging, priority alone decides.
@@ -221,7 +219,7 @@ async def test_claims_age_and_order_the_same_with_and_without_caps(
         )
         for _ in range(3)
     ]
-    assert [[names[c.run.id] for c in batch] for batch in by_priority] == [
+    assert [[names[c.id] for c in batch] for batch in by_priority] == [
         ["high"],
         ["old low"],
         ["fresh low"],
@@ -233,7 +231,7 @@ async def test_claim_counts_an_attempt_that_its_end_records(
 ) -> None:
     run, _ = await service.submit("a", {})
     claimed = await claim_one(store, worker="worker-7")
-    assert claimed.run.attempts == 1 and claimed.run.status is RunStatus.RUNNING
+    assert claimed.attempts == 1 and run_status(sql, run.id) == RunStatus.RUNNING
     assert await store.claim_batch(worker_id="w2", limit=10, lease_seconds=30) == []
     # The attempt in progress is read from the run (migration 0035)...
     (current,) = await store.list_attempts(run.id)
@@ -266,9 +264,10 @@ async def test_claim_counts_an_attempt_that_its_end_records(
 
 
 async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store: RunStore) -> None:
-    # Claims build their runs from the row's positions (the worker's hot
-    # path), reads by column name: both must give the same run, field for
-    # field, whether claimed alone or along with a batch of outcomes.
+    # A claim answers the columns a worker reads, by position (the worker's
+    # hot path); a read answers the whole run by column name: each claimed
+    # field must be the stored one, with the same type, whether claimed
+    # alone or along with a batch of outcomes.
     first, _ = await service.submit(
         "a",
         {"q": 1},
@@ -280,21 +279,25 @@ async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store:
     )
     second, _ = await service.submit("a", {"q": 2})
     (claimed,) = await store.claim_batch(worker_id="w", limit=1, lease_seconds=30)
-    assert claimed.run.id == first.id
-    assert claimed.run == await store.get_run(first.id)
-    assert claimed.run.status is RunStatus.RUNNING and claimed.run.priority == 3
-    assert claimed.run.metadata == {"team": "x"} and claimed.run.idempotency_key == "k1"
-    assert claimed.lease_token == claimed.run.lease_token is not None
+    assert claimed.id == first.id
+    stored = await store.get_run(first.id)
+    assert claimed_as_stored(claimed, stored) == {}
+    assert stored is not None and stored.status is RunStatus.RUNNING
+    assert claimed.metadata == {"team": "x"} and claimed.budget == {"max_seconds": 60}
+    assert claimed.max_attempts == 4 and claimed.attempts == 1 and claimed.kind == "direct"
+    assert claimed.lease_token == stored.lease_token is not None
     assert claimed.deadline_in_seconds is not None and 50 < claimed.deadline_in_seconds <= 60
 
     finish = Finish(first.id, claimed.lease_token, Outcome.COMPLETED, output={"ok": True})
     spec = ClaimSpec(worker_id="w", limit=5, lease_seconds=30)
     statuses, along = await store.finish_attempts_and_claim([finish], spec)
     assert statuses == {first.id: RunStatus.COMPLETED}
-    assert [c.run.id for c in along] == [second.id]
-    assert along[0].run == await store.get_run(second.id)
+    assert [c.id for c in along] == [second.id]
+    stored = await store.get_run(second.id)
+    assert claimed_as_stored(along[0], stored) == {}
     # No budget given: the deadline is the run's stored one, seen from now.
-    deadline_at = along[0].run.deadline_at
+    assert stored is not None
+    deadline_at = stored.deadline_at
     assert deadline_at is not None and along[0].deadline_in_seconds is not None
     left = (deadline_at - datetime.now(UTC)).total_seconds()
     assert abs(along[0].deadline_in_seconds - left) < 5
@@ -311,7 +314,7 @@ async def test_attempt_rows_go_with_their_runs(
     kept, _ = await service.submit("a", {})
     for _ in range(3):
         claimed = await claim_one(store)
-        await store.finish_attempt(claimed.run.id, claimed.lease_token, Outcome.COMPLETED)
+        await store.finish_attempt(claimed.id, claimed.lease_token, Outcome.COMPLETED)
     assert len(sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()) == 3
     sql.execute("DELETE FROM runlane.runs WHERE id = ANY(%s)", ([gone.id, also_gone.id],))
     left = sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()
@@ -347,7 +350,7 @@ async def test_a_run_takes_only_known_statuses_and_kinds(
     row = sql.execute("SELECT count(*) FROM runlane.runs").fetchone()
     assert row == (1,)
     claimed = await claim_one(store)
-    assert claimed.run.id == run.id and claimed.run.status is RunStatus.RUNNING
+    assert claimed.id == run.id and run_status(sql, run.id) == RunStatus.RUNNING
 
 
 async def test_every_final_status_is_notified_to_the_streams(
@@ -371,9 +374,9 @@ async def test_every_final_status_is_notified_to_the_streams(
             " ARRAY[NULL, NULL]::float8[], ARRAY[NULL, NULL]::jsonb[],"
             " ARRAY[NULL, NULL]::float8[], false)",
             (
-                [first.run.id, second.run.id],
+                [first.id, second.id],
                 [first.lease_token, second.lease_token],
-                [outcomes[first.run.id], outcomes[second.run.id]],
+                [outcomes[first.id], outcomes[second.id]],
             ),
         ).fetchall()
         assert dict(rows) == {completed.id: "completed", retried.id: "pending"}
@@ -391,7 +394,7 @@ async def test_claim_can_be_limited_to_some_agents(service: RunService, store: R
     await service.submit("mail", {})
     wanted, _ = await service.submit("chat", {})
     batch = await store.claim_batch(worker_id="w", limit=10, lease_seconds=30, agents=["chat"])
-    assert [c.run.id for c in batch] == [wanted.id]
+    assert [c.id for c in batch] == [wanted.id]
 
 
 # -- heartbeat ------------------------------------------------------------------
@@ -403,23 +406,23 @@ async def test_renew_leases_renews_all_in_one_call_and_reports_lost_and_cancelle
     for _ in range(3):
         await service.submit("a", {})
     c1, c2, c3 = await store.claim_batch(worker_id="w", limit=3, lease_seconds=5)
-    await service.cancel(c2.run.id)
+    await service.cancel(c2.id)
     stale = uuid.uuid4()
     held = await store.renew_leases(
-        [(c1.run.id, c1.lease_token), (c2.run.id, c2.lease_token), (c3.run.id, stale)],
+        [(c1.id, c1.lease_token), (c2.id, c2.lease_token), (c3.id, stale)],
         lease_seconds=60,
     )
     assert held == {
-        c1.run.id: LeaseState(RunStatus.RUNNING, steer_requested=False),
-        c2.run.id: LeaseState(RunStatus.CANCEL_REQUESTED, steer_requested=False),
+        c1.id: LeaseState(RunStatus.RUNNING, steer_requested=False),
+        c2.id: LeaseState(RunStatus.CANCEL_REQUESTED, steer_requested=False),
     }
     left = dict(
         sql.execute(  # type: ignore[arg-type]
             "SELECT id, extract(epoch FROM lease_expires_at - now())::float FROM runlane.runs"
         ).fetchall()
     )
-    assert left[c1.run.id] > 55 and left[c2.run.id] > 55
-    assert left[c3.run.id] <= 5  # the stale token renewed nothing
+    assert left[c1.id] > 55 and left[c2.id] > 55
+    assert left[c3.id] <= 5  # the stale token renewed nothing
 
 
 async def test_an_expired_lease_is_not_revived_by_a_late_heartbeat(
@@ -446,7 +449,7 @@ async def test_every_fenced_write_is_refused_for_a_stale_token(
     await expire_and_reap(store, sql, run.id)
     sql.execute("UPDATE runlane.runs SET available_at = now() WHERE id = %s", (run.id,))
     new = await claim_one(store, worker="w2")
-    assert new.run.attempts == 2 and new.lease_token != old.lease_token
+    assert new.attempts == 2 and new.lease_token != old.lease_token
     await store.save_checkpoint(run.id, new.lease_token, {"turn": 1})
 
     # The stale owner tries every kind of write: none changes anything.
@@ -533,7 +536,7 @@ async def test_dead_after_max_attempts_then_requeue_keeps_history(
     requeued = await service.requeue(run.id)
     assert requeued.status is RunStatus.PENDING and requeued.attempts == 0
     claimed = await claim_one(store)
-    assert claimed.run.attempts == 1
+    assert claimed.attempts == 1
     history = [(a.attempt, a.outcome) for a in await store.list_attempts(run.id)]
     assert history == [(1, "retry"), (2, "retry"), (3, None)]
 
@@ -565,7 +568,7 @@ async def test_released_run_is_claimable_at_once(service: RunService, store: Run
     after = await store.finish_attempt(run.id, claimed.lease_token, Outcome.RELEASED)
     assert after is not None and after.status is RunStatus.PENDING
     again = await claim_one(store)
-    assert again.run.attempts == 2
+    assert again.attempts == 2
 
 
 # -- cancel -----------------------------------------------------------------------

@@ -434,14 +434,15 @@ async def test_the_worker_reads_times_in_utc_in_any_server_zone(
     run, _ = await service.submit("clock", {})
     app = App(settings)
     async with running_worker(app, settings) as worker:
-        (claimed,) = await worker.store.claim_batch(
+        await worker.store.claim_batch(
             worker_id="test", limit=1, lease_seconds=30, agents=["clock"]
         )
+        claimed = await worker.store.get_run(run.id)
     row = sql.execute(
         "SELECT created_at, started_at FROM runlane.runs WHERE id = %s", (run.id,)
     ).fetchone()
-    assert row is not None
+    assert row is not None and claimed is not None and claimed.started_at is not None
     assert row[0].utcoffset() == timedelta(hours=5, minutes=30)
-    assert claimed.run.created_at.utcoffset() == timedelta(0)
-    assert claimed.run.created_at == row[0]
-    assert claimed.run.started_at == row[1]
+    assert claimed.created_at.utcoffset() == timedelta(0)
+    assert claimed.created_at == row[0]
+    assert claimed.started_at == row[1]

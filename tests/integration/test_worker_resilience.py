@@ -161,7 +161,7 @@ async def test_cancel_racing_completion_says_the_run_finished(
         completer.commit()
     with pytest.raises(RunFinished):
         await cancel
-    assert claimed.run.id == run.id
+    assert claimed.id == run.id
 
 
 async def test_concurrent_requeues_agree(service: RunService, store: RunStore) -> None:

@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import typing
-from datetime import datetime
+import uuid
+from datetime import UTC, datetime
 from uuid import UUID
 
 from runlane import models
 
 
-def test_run_from_json_converts_every_uuid_and_time_field() -> None:
-    # Run.from_json turns to_json's text back into the types psycopg
-    # gives: every UUID and datetime field of Run must be listed.
-    hints = typing.get_type_hints(models.Run)
+def test_a_pushed_runs_json_gives_every_id_and_time_its_type() -> None:
+    # A push's NOTIFY carries the run as PostgreSQL's to_json writes it: ids
+    # and times as text. ClaimedRun.from_pushed_json must turn each field
+    # typed UUID or datetime back into that type, as a claim's row has it.
+    hints = typing.get_type_hints(models.ClaimedRun)
 
-    def fields_of(kind: type) -> set[str]:
+    def typed(kind: type) -> set[str]:
         return {
             name for name, hint in hints.items() if hint is kind or kind in typing.get_args(hint)
         }
 
-    assert set(models._UUID_FIELDS) == fields_of(UUID)
-    assert set(models._DATETIME_FIELDS) == fields_of(datetime)
+    row: dict[str, typing.Any] = {
+        name: 1 for name in hints if name not in ("deadline_in_seconds", "pushed")
+    }
+    for name in typed(UUID):
+        row[name] = str(uuid.uuid4())
+    for name in typed(datetime):
+        row[name] = datetime.now(UTC).isoformat()
+    claimed = models.ClaimedRun.from_pushed_json(row, 12.5)
+    for name in typed(UUID):
+        assert isinstance(getattr(claimed, name), UUID), name
+        assert str(getattr(claimed, name)) == row[name]
+    for name in typed(datetime):
+        assert isinstance(getattr(claimed, name), datetime), name
+        assert getattr(claimed, name).isoformat() == row[name]
+    assert claimed.pushed and claimed.deadline_in_seconds == 12.5
+    assert typed(UUID) == {"id", "lease_token"} and typed(datetime) == {"steer_requested_at"}

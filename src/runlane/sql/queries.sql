@@ -191,8 +191,14 @@ LIMIT %(limit)s;
 -- short transaction: highest effective priority first (priority, aged by
 -- waiting time), then available_at, then submission order; tenant caps
 -- respected. See runlane.claim_runs in the migrations.
-SELECT c.*,
-       extract(epoch FROM c.deadline_at - now())::double precision AS deadline_in_seconds
+-- It answers the run's columns that a worker reads, in the order of the
+-- fields of runlane.models.ClaimedRun (every column cost the worker's CPU
+-- to decode, per run).
+SELECT c.id, c.agent, c.tenant, c.user_id, c.thread_id, c.kind, c.lane_id, c.input,
+       c.attempts, c.max_attempts, c.turns, c.checkpoint, c.resume_value, c.metadata,
+       c.budget, c.steer_requested_at, c.lease_token,
+       extract(epoch FROM c.deadline_at - now())::double precision AS deadline_in_seconds,
+       false AS pushed
 FROM runlane.claim_runs(%(worker_id)s, %(agents)s::text[], %(limit)s,
                         %(lease_seconds)s, %(aging_seconds)s) AS c
 ORDER BY c.priority DESC, c.available_at, c.seq;
@@ -202,9 +208,14 @@ ORDER BY c.priority DESC, c.available_at, c.seq;
 -- standing claim is withdrawn first and the run a submit gave it comes
 -- back too (by_push); with `park_seconds`, a claim that came back short
 -- parks it (runlane.claim_or_park, migration 0025).
-SELECT (c.claimed).*, c.by_push,
+SELECT (c.claimed).id, (c.claimed).agent, (c.claimed).tenant, (c.claimed).user_id,
+       (c.claimed).thread_id, (c.claimed).kind, (c.claimed).lane_id, (c.claimed).input,
+       (c.claimed).attempts, (c.claimed).max_attempts, (c.claimed).turns,
+       (c.claimed).checkpoint, (c.claimed).resume_value, (c.claimed).metadata,
+       (c.claimed).budget, (c.claimed).steer_requested_at, (c.claimed).lease_token,
        extract(epoch FROM (c.claimed).deadline_at - now())::double precision
-           AS deadline_in_seconds
+           AS deadline_in_seconds,
+       c.by_push AS pushed
 FROM runlane.claim_or_park(%(worker_id)s, %(agents)s::text[], %(limit)s,
                            %(lease_seconds)s, %(aging_seconds)s,
                            %(unpark)s, %(park_seconds)s) AS c
@@ -218,7 +229,11 @@ RETURNING run_id, lease_token;
 -- name: get_pushed_run
 -- A run a submit gave this worker's standing claim, as a claim answers it;
 -- nothing once that attempt has ended or lost its lease.
-SELECT r.*, extract(epoch FROM r.deadline_at - now())::double precision AS deadline_in_seconds
+SELECT r.id, r.agent, r.tenant, r.user_id, r.thread_id, r.kind, r.lane_id, r.input,
+       r.attempts, r.max_attempts, r.turns, r.checkpoint, r.resume_value, r.metadata,
+       r.budget, r.steer_requested_at, r.lease_token,
+       extract(epoch FROM r.deadline_at - now())::double precision AS deadline_in_seconds,
+       false AS pushed
 FROM runlane.runs AS r
 WHERE r.id = %(run_id)s AND r.lease_token = %(lease_token)s;
 
