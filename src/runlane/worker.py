@@ -75,6 +75,8 @@ class Worker:
 
     ``listen=False`` ignores NOTIFY (polling only); ``notify=False`` sends
     none. Both exist to show that polling alone makes progress.
+    ``batch_size`` caps the runs one claim takes (default: twice the
+    concurrency up to 200, and never less than the concurrency).
     """
 
     def __init__(
@@ -99,7 +101,14 @@ class Worker:
         self.settings = settings or app.settings
         self.url = url
         self.concurrency = concurrency
-        self.batch_size = batch_size or concurrency
+        # The most runs one claim takes: the free slots and, while claiming
+        # ahead (see _ahead), the runs beyond them, in one statement as long
+        # as that is at most 200 runs. Each claim statement has a fixed cost
+        # (on a busy two-core machine about 1.7 ms of its round trip, and a
+        # share of PostgreSQL's CPU) that weighs on claims of tens of runs;
+        # past about 200 a bigger claim only delays its first run
+        # (BENCHMARKS.md, section 1, twenty-sixth session).
+        self.batch_size = batch_size or max(concurrency, min(2 * concurrency, 200))
         self.worker_id = worker_id or new_worker_id()
         self._served = list(agents) if agents is not None else None
         self.claim_unknown_agents = claim_unknown_agents

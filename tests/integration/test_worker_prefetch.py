@@ -78,6 +78,36 @@ async def test_short_handlers_are_claimed_ahead_and_never_exceed_concurrency(
     assert {(await service.get(r.id)).attempts for r in runs} == {1}
 
 
+async def test_a_claim_ahead_takes_the_free_slots_and_the_runs_ahead_at_once(
+    service: RunService, settings: Settings, sql: Any
+) -> None:
+    # Each claim is a transaction of its own, and the runs it takes share
+    # their start (now()): the largest group of runs started at one
+    # instant is the largest claim. Claiming ahead with three slots, one
+    # claim takes more than three runs (the slots and the runs ahead
+    # together, not a statement each), and never more than six.
+    settings = settings.model_copy(update={"prefetch_handler_seconds": 1.0})
+    app = App(settings)
+    holder: list[Worker] = []
+
+    @app.agent("quick")
+    async def quick(ctx: RunContext) -> Any:
+        await asyncio.sleep(0.02)
+        return None
+
+    runs = [(await service.submit("quick", {"n": i}))[0] for i in range(60)]
+    await complete_all(app, settings, service, runs, 3, holder)
+    sizes = [
+        count
+        for (count,) in sql.execute(
+            "SELECT count(*) FROM runlane.runs GROUP BY started_at"
+        ).fetchall()
+    ]
+    assert sum(sizes) == 60
+    assert max(sizes) > 3, f"no claim took more than the concurrency: {sorted(sizes)}"
+    assert max(sizes) <= 6
+
+
 @pytest.mark.parametrize(
     ("handler_seconds", "prefetch_below"),
     [(0.05, 0.02), (0.0, 0.0)],
