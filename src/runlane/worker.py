@@ -58,6 +58,9 @@ PUSH_CHANNEL = "runlane_push"
 # Pushed runs remembered, so that a run reported twice (by its NOTIFY and
 # by the unpark that found it) starts once.
 _PUSHES_REMEMBERED = 1024
+# The most runs one claim takes by default, and the most a worker claims
+# ahead of its handler slots (see Worker._ahead).
+MAX_CLAIM = 200
 
 
 def new_worker_id() -> str:
@@ -75,8 +78,8 @@ class Worker:
 
     ``listen=False`` ignores NOTIFY (polling only); ``notify=False`` sends
     none. Both exist to show that polling alone makes progress.
-    ``batch_size`` caps the runs one claim takes (default: twice the
-    concurrency up to 200, and never less than the concurrency).
+    ``batch_size`` caps the runs one claim takes (default: 200, or the
+    concurrency if that is more).
     """
 
     def __init__(
@@ -103,12 +106,13 @@ class Worker:
         self.concurrency = concurrency
         # The most runs one claim takes: the free slots and, while claiming
         # ahead (see _ahead), the runs beyond them, in one statement as long
-        # as that is at most 200 runs. Each claim statement has a fixed cost
-        # (on a busy two-core machine about 1.7 ms of its round trip, and a
-        # share of PostgreSQL's CPU) that weighs on claims of tens of runs;
-        # past about 200 a bigger claim only delays its first run
-        # (BENCHMARKS.md, section 1, twenty-sixth session).
-        self.batch_size = batch_size or max(concurrency, min(2 * concurrency, 200))
+        # as that is at most MAX_CLAIM runs. Each claim statement has a
+        # fixed cost (about 0.5 ms of PostgreSQL's CPU, and as much for the
+        # outcome batch that follows it) that weighs on claims of tens of
+        # runs; past about 200 a bigger claim only delays its first run
+        # (BENCHMARKS.md, section 1, twenty-sixth and twenty-seventh
+        # sessions).
+        self.batch_size = batch_size or max(concurrency, MAX_CLAIM)
         self.worker_id = worker_id or new_worker_id()
         self._served = list(agents) if agents is not None else None
         self.claim_unknown_agents = claim_unknown_agents
@@ -127,11 +131,11 @@ class Worker:
         # written: the heartbeat renews all of them, also while an outcome
         # waits for its batch. A concurrency slot frees earlier, when the
         # handler ends, so that claiming overlaps the outcome writes; the
-        # runs held stay bounded by concurrency handlers plus at most
-        # ``concurrency`` outcomes waiting to be written.
+        # runs held stay bounded (see _free_slots): the handlers and the
+        # runs claimed ahead, plus at most as many outcomes waiting to be
+        # written as the larger of those two numbers.
         self.executions: dict[UUID, Execution] = {}
         self.handlers_running = 0
-        self.max_held = 2 * concurrency
         # Runs claimed ahead (see _ahead), held and leased, in claim order:
         # each starts when a handler slot frees.
         self._prefetched: deque[Execution] = deque()
@@ -490,11 +494,15 @@ class Worker:
     def _free_slots(self, ahead: int = 0) -> int:
         """Runs this worker may claim now: handler slots (and ``ahead``
         runs more, to wait for one) and held runs left, less those promised
-        to claims on their way and the one a standing claim holds."""
+        to claims on their way and the one a standing claim holds. Held
+        runs include outcomes waiting for their batch: at most the larger
+        of the concurrency and ``ahead`` of them, so that outcome writes
+        that fall behind stop the claims instead of piling up leases."""
+        in_hand = self.concurrency + ahead
         return (
             min(
-                self.concurrency + ahead - self.handlers_running - len(self._prefetched),
-                self.max_held + ahead - len(self.executions),
+                in_hand - self.handlers_running - len(self._prefetched),
+                in_hand + max(self.concurrency, ahead) - len(self.executions),
             )
             - self._reserved
             - (1 if self._parked else 0)
@@ -502,16 +510,24 @@ class Worker:
 
     def _ahead(self) -> int:
         """How many runs the claim loop may claim beyond the free handler
-        slots: up to the concurrency while runs are waiting and the
-        handlers are short, so that the next claim is on its way while a
-        batch runs rather than after it (one process waits for its claim,
-        and PostgreSQL for the process, otherwise). A run claimed ahead is
-        leased and waits for a slot, about one handler's time; with longer
-        handlers another worker may be free for it, so none are."""
+        slots: while runs are waiting and the handlers are short (their
+        mean below ``prefetch_handler_seconds``), as many as the handler
+        slots get through in about that time, at least the concurrency and
+        at most MAX_CLAIM. The next claim is then on its way while a batch
+        runs rather than after it (one process waits for its claim, and
+        PostgreSQL for the process, otherwise), and with very short
+        handlers each claim and outcome batch carries up to MAX_CLAIM runs
+        whatever the concurrency, which spreads the statements' fixed cost.
+        A run claimed ahead is leased and waits for a slot, about
+        ``prefetch_handler_seconds`` at most (one handler's time where the
+        concurrency bounds it); with longer handlers another worker may be
+        free for it, so none are claimed ahead."""
         mean = self._handler_mean
-        if mean is None or mean >= self.settings.prefetch_handler_seconds or not self._backlog:
+        horizon = self.settings.prefetch_handler_seconds
+        if mean is None or mean >= horizon or not self._backlog:
             return 0
-        return self.concurrency
+        through = self.concurrency * horizon / mean if mean > 0 else MAX_CLAIM
+        return max(self.concurrency, min(MAX_CLAIM, int(through)))
 
     @property
     def prefetched(self) -> int:

@@ -1,7 +1,8 @@
 """A worker's concurrency slot frees when the handler ends, before its
-outcome is written: the handlers running stay within ``concurrency``, the
-runs held within twice that more (outcomes waiting, runs claimed ahead),
-and a run whose outcome waits keeps its lease renewed."""
+outcome is written: the handlers running stay within ``concurrency``; the
+runs held within the handlers, the runs claimed ahead and at most as many
+outcomes waiting as the larger of those two numbers; and a run whose
+outcome waits keeps its lease renewed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 from typing import Any
 
 import psycopg
+import pytest
 
 from runlane import App, RunContext
 from runlane.execution import StopReason
@@ -23,9 +25,26 @@ from tests.integration.lane_helpers import AGENT, submit
 from tests.support import running_worker, wait_until
 
 
+@pytest.mark.parametrize(
+    ("handler_seconds", "prefetch_handler_seconds", "most_held"),
+    [
+        # Nothing claimed ahead: 3 handlers and at most 3 outcomes waiting.
+        (0.0, 0.0, 3 + 3),
+        # Handlers of a fifth of the setting: up to 15 runs claimed ahead
+        # (what 3 slots get through in its time), as many outcomes waiting.
+        (0.02, 0.1, 3 + 15 + 15),
+    ],
+    ids=["not-claiming-ahead", "claiming-ahead"],
+)
 async def test_handlers_never_exceed_concurrency_and_held_runs_stay_bounded(
-    service: RunService, lanes: LaneService, settings: Settings
+    service: RunService,
+    lanes: LaneService,
+    settings: Settings,
+    handler_seconds: float,
+    prefetch_handler_seconds: float,
+    most_held: int,
 ) -> None:
+    settings = settings.model_copy(update={"prefetch_handler_seconds": prefetch_handler_seconds})
     app = App(settings)
     holder: list[Worker] = []
     in_flight = peak = peak_held = peak_slots = 0
@@ -39,6 +58,7 @@ async def test_handlers_never_exceed_concurrency_and_held_runs_stay_bounded(
         peak_slots = max(peak_slots, holder[0].handlers_running)
         for _ in range(3):
             await asyncio.sleep(0)
+        await asyncio.sleep(handler_seconds)
         in_flight -= 1
         return {"n": ctx.input.get("n")}
 
@@ -57,7 +77,7 @@ async def test_handlers_never_exceed_concurrency_and_held_runs_stay_bounded(
         assert worker.handlers_running == 0
     assert peak == 3 and peak_slots == 3
     # Handlers, outcomes waiting to be written, and runs claimed ahead.
-    assert peak_held <= 3 * 3
+    assert peak_held <= most_held
 
 
 async def test_a_run_whose_outcome_waits_keeps_its_lease_and_frees_its_slot(
