@@ -47,7 +47,12 @@ change the benchmark database or the worker's settings, never src/.
   that change's before/after.
 - ``runlane-baseline``: the worker of another checkout
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
-  measured in the same rounds.
+  measured in the same rounds; ``runlane-other`` the same with
+  ``RUNLANE_BENCH_OTHER_SRC``, for a third code in the same rounds.
+- ``runlane-no-run-changes-notify``: the outcome write of migration 0035
+  without its per-run ``pg_notify('runlane_run_changes', ...)`` (the API
+  streams' wake-up), which every listening backend of the database is
+  signalled for and reads.
 """
 
 from __future__ import annotations
@@ -160,7 +165,22 @@ def attempts_at_claim() -> str:
     )
 
 
+# The outcome write of migration 0035 without its per-run NOTIFY on
+# runlane_run_changes (the API's streams' wake-up).
+def no_run_changes_notify() -> str:
+    sql = runlane_system.migration_function(35, "finish_attempts")
+    cut = """
+        UNION ALL
+        SELECT pg_notify('runlane_run_changes', finished.id::text) FROM finished
+        WHERE finished.status IN ('completed', 'failed', 'dead', 'cancelled', 'interrupted')"""
+    assert cut in sql
+    return sql.replace(cut, "")
+
+
 VARIANTS = {
+    "runlane-no-run-changes-notify": Variant(
+        "runlane-no-run-changes-notify", sql=no_run_changes_notify
+    ),
     "runlane-no-status-notify": Variant(
         "runlane-no-status-notify",
         sql="ALTER TABLE runlane.runs DISABLE TRIGGER runs_notify_status",
@@ -185,4 +205,5 @@ VARIANTS = {
     # RUNLANE_BENCH_BASELINE_SRC=/tmp/runlane-base/src (`git worktree add
     # /tmp/runlane-base <commit>`).
     "runlane-baseline": Variant("runlane-baseline", src_env="RUNLANE_BENCH_BASELINE_SRC"),
+    "runlane-other": Variant("runlane-other", src_env="RUNLANE_BENCH_OTHER_SRC"),
 }

@@ -208,6 +208,7 @@ def run(
     peers: list[str] | None = None,
     out_dir: Path | None = None,
     via: str = "runs",
+    load_rate: float | None = None,
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
@@ -234,7 +235,9 @@ def run(
                 burn_down = capacity(url, cfg["capacity_n"])
                 cap = sustained_capacity(url, 1.5 * burn_down, cfg["window_s"])
                 runlane_system.reset(url)
-                rate = cap / 2
+                # Half the capacity, or a rate given (the same load for two
+                # workers of different capacities).
+                rate = load_rate if load_rate else cap / 2
                 loader = spawn(
                     "bench.wakeup",
                     ["load", "--url", url, "--rate", str(rate)],
@@ -285,7 +288,8 @@ def run(
     table_rows: list[list[Any]] = [
         ["runlane, idle worker", summary["idle_p50"], summary["idle_p99"], ""],
         [
-            f"runlane, ~50% load ({summary['load_per_s']:.0f} runs/s,"
+            f"runlane, {'a fixed' if load_rate else '~50%'} load"
+            f" ({summary['load_per_s']:.0f} runs/s,"
             f" worker CPU {100 * summary['loaded_worker_cpu_share']:.0f}%)",
             summary["loaded_p50"],
             summary["loaded_p99"],
@@ -313,6 +317,7 @@ def run(
         "size": size,
         "runs": runs,
         "via": via,
+        "load_rate": load_rate,
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
@@ -361,11 +366,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             " and sql-push-floor (push) ('' for none)"
         ),
     )
+    parser.add_argument(
+        "--load-rate",
+        type=float,
+        default=None,
+        help="runs/s offered in the loaded phase (default: half the capacity measured)",
+    )
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    return run(args.size, args.runs, peers=peers, out_dir=args.out_dir, via=args.via)
+    return run(
+        args.size,
+        args.runs,
+        peers=peers,
+        out_dir=args.out_dir,
+        via=args.via,
+        load_rate=args.load_rate,
+    )
 
 
 if __name__ == "__main__":
