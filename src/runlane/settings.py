@@ -66,8 +66,9 @@ class Settings(BaseSettings):
         default=0.02,
         ge=0,
         description="While its handlers' recent mean time is below this and runs are waiting,"
-        " a worker claims up to its concurrency of runs ahead, each started as a handler slot"
-        " frees, so that its next claim overlaps the handlers it runs; 0 turns this off.",
+        " a worker claims ahead as many runs as its handler slots get through in this time (at"
+        " least its concurrency, at most 200), each started as a handler slot frees, so that its"
+        " next claim overlaps the handlers it runs; 0 turns this off.",
     )
     gc_threshold: int = Field(
         default=10_000,
