@@ -28,6 +28,17 @@ async def all_in(service: RunService, run_ids: list[Any], *statuses: RunStatus) 
     return True
 
 
+def claim_sizes(sql: Any) -> list[int]:
+    """The runs each claim took: a claim is a transaction of its own, and
+    the runs it takes share their start (now())."""
+    return [
+        count
+        for (count,) in sql.execute(
+            "SELECT count(*) FROM runlane.runs GROUP BY started_at"
+        ).fetchall()
+    ]
+
+
 async def complete_all(
     app: App,
     settings: Settings,
@@ -103,12 +114,7 @@ async def test_a_claim_ahead_takes_the_free_slots_and_the_runs_ahead_at_once(
 
     runs = [(await service.submit("quick", {"n": i}))[0] for i in range(60)]
     await complete_all(app, settings, service, runs, 3, holder)
-    sizes = [
-        count
-        for (count,) in sql.execute(
-            "SELECT count(*) FROM runlane.runs GROUP BY started_at"
-        ).fetchall()
-    ]
+    sizes = claim_sizes(sql)
     assert sum(sizes) == 60
     assert max(sizes) > 6, f"no claim took more than twice the concurrency: {sorted(sizes)}"
     assert max(sizes) <= 3 + 15
@@ -137,12 +143,7 @@ async def test_with_handlers_far_shorter_than_the_setting_claims_take_up_to_200_
 
     runs = [(await service.submit("instant", {}))[0] for _ in range(600)]
     await complete_all(app, settings, service, runs, 2, holder)
-    sizes = [
-        count
-        for (count,) in sql.execute(
-            "SELECT count(*) FROM runlane.runs GROUP BY started_at"
-        ).fetchall()
-    ]
+    sizes = claim_sizes(sql)
     assert sum(sizes) == 600
     assert peak <= 2
     assert max(sizes) > 100, f"claims stayed small: {sorted(sizes)}"
