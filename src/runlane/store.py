@@ -49,6 +49,13 @@ def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
 
 
+def _float(value: float | None) -> float | None:
+    """A number for a binary float8 array, whose elements psycopg dumps
+    with the first element's dumper: an int among floats (a delay given as
+    ``5``) would not dump."""
+    return None if value is None else float(value)
+
+
 def _null_if_all_null(values: list[Any]) -> list[Any] | None:
     """An outcome batch's column that holds only NULLs (most batches have
     no errors, delays or interrupts) goes as one NULL array: the multi-array
@@ -522,9 +529,11 @@ class RunStore:
                 [_json(f.output) if f.outcome is Outcome.COMPLETED else None for f in finishes]
             ),
             "errors": _null_if_all_null([_json(f.error) for f in finishes]),
-            "retry_delays": _null_if_all_null([f.retry_delay_seconds for f in finishes]),
+            "retry_delays": _null_if_all_null([_float(f.retry_delay_seconds) for f in finishes]),
             "interrupts": _null_if_all_null([_json(f.interrupt) for f in finishes]),
-            "interrupt_expires": _null_if_all_null([f.interrupt_expires_in for f in finishes]),
+            "interrupt_expires": _null_if_all_null(
+                [_float(f.interrupt_expires_in) for f in finishes]
+            ),
             "notify": self.notify,
         }
 

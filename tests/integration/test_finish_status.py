@@ -215,3 +215,53 @@ async def test_each_run_of_a_batch_gets_only_its_own_values(
         [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in plain]
     )
     assert done == {run.id: RunStatus.COMPLETED for run in more}
+
+
+async def test_a_batch_keeps_json_that_needs_escaping_and_mixed_number_types(
+    store: RunStore, service: RunService
+) -> None:
+    # The batch's arrays go in binary: the values must land as given, with
+    # quotes, backslashes, braces, non-ASCII text, and delays given as int
+    # beside delays given as float.
+    tricky = {"say": 'He said "hi" \\ {NULL}, ok', "emoji": "żółw 🐢", "n": [1, 2.5, None]}
+    runs = [(await service.submit("esc", {"i": i}))[0] for i in range(5)]
+    claimed = await store.claim_batch(worker_id="test", limit=5, lease_seconds=30, agents=["esc"])
+    token = {c.id: c.lease_token for c in claimed}
+    done, text, slow, fast, asked = (run.id for run in runs)
+    statuses = await store.finish_attempts_status(
+        [
+            Finish(done, token[done], Outcome.COMPLETED, output=tricky),
+            Finish(text, token[text], Outcome.COMPLETED, output='a "quoted" string'),
+            Finish(
+                slow,
+                token[slow],
+                Outcome.RETRY,
+                error={"message": 'bad "input" \\n'},
+                retry_delay_seconds=600,
+            ),
+            Finish(fast, token[fast], Outcome.RETRY, retry_delay_seconds=0.5),
+            Finish(
+                asked,
+                token[asked],
+                Outcome.INTERRUPTED,
+                interrupt=["a", "b"],
+                interrupt_expires_in=60,
+            ),
+        ]
+    )
+    assert statuses == {
+        done: RunStatus.COMPLETED,
+        text: RunStatus.COMPLETED,
+        slow: RunStatus.PENDING,
+        fast: RunStatus.PENDING,
+        asked: RunStatus.INTERRUPTED,
+    }
+    ended = {run_id: await service.get(run_id) for run_id in (done, text, slow, fast, asked)}
+    assert ended[done].output == tricky
+    assert ended[text].output == 'a "quoted" string'
+    assert ended[slow].available_at > ended[slow].created_at + timedelta(seconds=590)
+    assert ended[fast].available_at < ended[fast].created_at + timedelta(seconds=30)
+    assert (await store.list_attempts(slow))[-1].error == {"message": 'bad "input" \\n'}
+    assert ended[asked].interrupt == ["a", "b"]
+    expires = ended[asked].interrupt_expires_at
+    assert expires is not None and expires < ended[asked].created_at + timedelta(seconds=120)

@@ -261,16 +261,17 @@ ORDER BY l.tenant;
 -- renewed is lost unless still_held: its row was locked by someone else
 -- just now (SKIP LOCKED, so one busy row never stalls all the others), and
 -- the next tick tries again. An expired lease is never revived, even before
--- the reaper sees it.
+-- the reaper sees it. The ids and tokens go in binary, as in
+-- finish_attempts: a worker holding 1,000 leases sends 2,000 of them.
 WITH seen AS (
     -- The worker's own liveness rides on the same statement.
     INSERT INTO runlane.workers (id, hostname, pid, agents, concurrency, running)
     VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(agents)s, %(concurrency)s,
-            cardinality(%(run_ids)s::uuid[]))
+            cardinality(%(run_ids)b::uuid[]))
     ON CONFLICT (id) DO UPDATE
     SET last_seen_at = now(), running = excluded.running, agents = excluded.agents
 ), held AS (
-    SELECT * FROM unnest(%(run_ids)s::uuid[], %(lease_tokens)s::uuid[])
+    SELECT * FROM unnest(%(run_ids)b::uuid[], %(lease_tokens)b::uuid[])
         AS held(run_id, lease_token)
 ), lockable AS (
     SELECT r.id FROM runlane.runs AS r JOIN held ON r.id = held.run_id
@@ -309,18 +310,18 @@ FROM held LEFT JOIN renewed ON renewed.id = held.run_id;
 -- ends dead. For a lane's run the caller holds the lane's row lock, and the
 -- runs_relay_lane trigger relays in this same transaction. The write itself
 -- is runlane.finish_attempts (migration 0015), whose plans are kept pinned
--- to primary-key lookups. The ids, tokens and outcomes go in binary
--- (their b placeholders): as text, psycopg tests each element of an
--- array against a regular expression for quoting, 2.8 us of the
--- worker's CPU per run in a batch of 200 against 0.5 in binary
--- (BENCHMARKS.md, section 1). The other arrays may hold only NULLs,
--- which have no binary element type; such an array is sent as one NULL
--- (the function's unnest pads it with NULLs).
+-- to primary-key lookups. Every array goes in binary (the b placeholders):
+-- as text, psycopg tests each element of an array against a regular
+-- expression for quoting, and escapes every quote of a JSON value, 2.8 us
+-- of the worker's CPU per run for the ids in a batch of 200 against 0.5
+-- in binary, and 7-13 us per output against 3 (BENCHMARKS.md, section 1).
+-- An array of only NULLs has no binary element type; such an array is
+-- sent as one NULL (the function's unnest pads it with NULLs).
 SELECT f.run_id AS id, f.run_status AS status
 FROM runlane.finish_attempts(
     %(run_ids)b::uuid[], %(lease_tokens)b::uuid[], %(outcomes)b::text[],
-    %(outputs)s::jsonb[], %(errors)s::jsonb[], %(retry_delays)s::double precision[],
-    %(interrupts)s::jsonb[], %(interrupt_expires)s::double precision[], %(notify)s
+    %(outputs)b::jsonb[], %(errors)b::jsonb[], %(retry_delays)b::double precision[],
+    %(interrupts)b::jsonb[], %(interrupt_expires)b::double precision[], %(notify)s
 ) AS f;
 
 -- name: lock_lanes
