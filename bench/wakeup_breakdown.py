@@ -34,7 +34,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.common import AGENT, ROOT, bench_database, latency_summary, print_table, write_results
+from bench.common import (
+    AGENT,
+    ROOT,
+    bench_database,
+    latency_summary,
+    print_table,
+    running,
+    spawn,
+    write_results,
+)
 
 
 async def serve(url: str) -> None:
@@ -47,7 +56,10 @@ async def serve(url: str) -> None:
 
     @app.agent(AGENT)
     async def stamp(ctx: Any) -> Any:
-        marks.setdefault(str(ctx.run_id), {})["handler"] = time.time()
+        # Only the probes are stamped: the loader's runs (--load-rate)
+        # carry no "probe" key.
+        if "probe" in ctx.input:
+            marks.setdefault(str(ctx.run_id), {})["handler"] = time.time()
         return None
 
     worker = Worker(app, url, concurrency=10, settings=Settings(database_url=url))
@@ -69,14 +81,20 @@ async def serve(url: str) -> None:
     worker.listener._handler = stamped
     claim = worker.store.claim
 
+    # (sent, answered, asked, taken, held before) of every claim.
+    claims: list[tuple[float, float, int, int, int]] = []
+
     async def stamped_claim(spec: Any) -> Any:
         sent = time.time()
+        held = len(worker.executions)
         rows = await claim(spec)
         done = time.time()
+        claims.append((sent, done, spec.limit, len(rows), held))
         for c in rows:
-            marks.setdefault(str(c.id), {}).update(
-                notify=last_notify[0], claim_sent=sent, claim_done=done
-            )
+            if "probe" in c.input:
+                marks.setdefault(str(c.id), {}).update(
+                    notify=last_notify[0], claim_sent=sent, claim_done=done
+                )
         return rows
 
     worker.store.claim = stamped_claim  # type: ignore[method-assign]
@@ -91,7 +109,7 @@ async def serve(url: str) -> None:
         run = json.loads(payload).get("run")
         if run is not None:
             marks.setdefault(str(run["id"]), {}).update(push=arrived, taken=taken)
-    print(json.dumps(marks), flush=True)
+    print(json.dumps({"marks": marks, "claims": claims}), flush=True)
 
 
 async def submit(url: str, n: int, gap: float) -> dict[str, tuple[float, float]]:
@@ -110,7 +128,7 @@ async def submit(url: str, n: int, gap: float) -> dict[str, tuple[float, float]]
     try:
         for _ in range(n):
             before = time.time()
-            run, _ = await service.submit(AGENT, {})
+            run, _ = await service.submit(AGENT, {"probe": True})
             stamps[str(run.id)] = (before, time.time())
             await asyncio.sleep(gap)
     finally:
@@ -125,6 +143,7 @@ def run(
     src: str | None = None,
     tag: str = "",
     out_dir: Path | None = None,
+    load_rate: float | None = None,
 ) -> dict[str, Any]:
     with bench_database("wakeup_breakdown") as url:
         env_path = f"{ROOT}:{src or ROOT / 'src'}"
@@ -139,13 +158,22 @@ def run(
         try:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("the worker did not start")
-            time.sleep(1.0)
-            stamps = asyncio.run(submit(url, n, gap_ms / 1000.0))
+            loader = (
+                spawn("bench.wakeup", ["load", "--url", url, "--rate", str(load_rate)], src=src)
+                if load_rate
+                else None
+            )
+            with running([loader] if loader else []):
+                if loader:
+                    loader.wait_ready()
+                time.sleep(1.0)
+                stamps = asyncio.run(submit(url, n, gap_ms / 1000.0))
             time.sleep(1.0)
         finally:
             proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
-    marks = json.loads(out.strip().splitlines()[-1])
+            out, _ = proc.communicate(timeout=60)
+    reported = json.loads(out.strip().splitlines()[-1])
+    marks, claims = reported["marks"], reported["claims"]
     # "pushed: ..." and "claimed: ..." parts, each run's in the order listed.
     parts: dict[str, list[float]] = defaultdict(list)
     counts = {"pushed": 0, "claimed": 0}
@@ -184,7 +212,20 @@ def run(
     # Pushed runs' parts first (a stable sort keeps each kind's order).
     parts = dict(sorted(parts.items(), key=lambda item: not item[0].startswith("pushed")))
     summary = {key: latency_summary(values) for key, values in parts.items()}
+    # The claims sent while the probes went in (the loader's too).
+    first = min(before for before, _ in stamps.values())
+    last = max(after for _, after in stamps.values())
+    window = [c for c in claims if first <= c[0] <= last]
+    claim_summary = {
+        "claims": len(window),
+        "claims_per_s": len(window) / (last - first) if last > first else 0.0,
+        "runs_taken_mean": sum(c[3] for c in window) / len(window) if window else 0.0,
+        "runs_taken_max": max((c[3] for c in window), default=0),
+        "runs_held_before_max": max((c[4] for c in window), default=0),
+        "round_trip": latency_summary([c[1] - c[0] for c in window]),
+    }
     print(f"runs pushed: {counts['pushed']}, claimed: {counts['claimed']}")
+    print(f"claims while probing: {json.dumps(claim_summary)}")
     table = print_table(
         ["part", "p50 ms", "p90 ms", "p99 ms"],
         [[k, v["p50_ms"], v["p90_ms"], v["p99_ms"]] for k, v in summary.items()],
@@ -193,8 +234,10 @@ def run(
         "n": n,
         "gap_ms": gap_ms,
         "worker_src": src or "this checkout",
+        "load_rate": load_rate,
         "runs": counts,
         "parts": summary,
+        "claims_while_probing": claim_summary,
         "table": table,
     }
     path = write_results(f"wakeup_breakdown{tag}", data, out_dir=out_dir)
@@ -207,6 +250,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--gap-ms", type=float, default=20.0, help="quiet before each submit")
     parser.add_argument("--src", default=None, help="another checkout's src/ for the worker")
+    parser.add_argument(
+        "--load-rate",
+        type=float,
+        default=None,
+        help="runs/s a loader adds meanwhile (bench.wakeup's loader, batches every 10 ms)",
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
@@ -214,7 +263,14 @@ def main() -> None:
     if args.serve:
         asyncio.run(serve(args.serve))
         return
-    run(args.n, args.gap_ms, src=args.src, tag=args.tag, out_dir=args.out_dir)
+    run(
+        args.n,
+        args.gap_ms,
+        src=args.src,
+        tag=args.tag,
+        out_dir=args.out_dir,
+        load_rate=args.load_rate,
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 (claiming, decoding, running, batching outcomes) for each no-op run.
 
     python -m bench.worker_cpu [--n 20000] [--concurrency 50,200] [--runs 3]
-                               [--src OTHER_CHECKOUT/src] [--tag _s11] [--out-dir DIR]
+                               [--mode noop|stamp] [--src OTHER_CHECKOUT/src]
+                               [--tag _s11] [--out-dir DIR]
 
 Each measurement is a fresh process that starts a ``Worker`` (the
 ``noop`` agent of bench.procs, NOTIFY on), enqueues ``--n`` runs in bulk,
@@ -11,7 +12,10 @@ runs are there until the last one is completed, waiting on a connection of
 its own. Unlike the throughput figure it splits off nothing by guess: the
 worker is the only thing in that process. With ``--src``, this checkout's
 worker and the other checkout's alternate, measurement by measurement, in
-the same database (a before/after in the same minutes). Results:
+the same database (a before/after in the same minutes). ``--mode stamp``
+runs bench.procs' ``stamp`` agent instead, whose runs return an output
+(two timestamps), as most real handlers do: the outcome batches then carry
+a JSON value per run. Results:
 ``bench/results/worker_cpu{tag}.json``. The garbage collector's part is
 timed through ``gc.callbacks`` over the same window: collections of each
 generation (young, middle, full) and their CPU per run.
@@ -54,7 +58,7 @@ class CollectorClock:
             self.seconds[generation] += time.process_time() - self._started
 
 
-async def burn_down(url: str, n: int, concurrency: int) -> dict[str, Any]:
+async def burn_down(url: str, n: int, concurrency: int, mode: str = "noop") -> dict[str, Any]:
     import gc
 
     import psycopg
@@ -72,7 +76,7 @@ async def burn_down(url: str, n: int, concurrency: int) -> dict[str, Any]:
         reaper_interval_seconds=10.0,
         shutdown_grace_seconds=1.0,
     )
-    worker = Worker(build_app("noop"), url, concurrency=concurrency, settings=settings)
+    worker = Worker(build_app(mode), url, concurrency=concurrency, settings=settings)
     await worker.start()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watch:
         try:
@@ -107,13 +111,15 @@ async def burn_down(url: str, n: int, concurrency: int) -> dict[str, Any]:
     }
 
 
-def one_measurement(url: str, n: int, concurrency: int, src: str) -> dict[str, Any]:
+def one_measurement(
+    url: str, n: int, concurrency: int, src: str, mode: str = "noop"
+) -> dict[str, Any]:
     from bench.runlane_system import reset
 
     reset(url)
     result: dict[str, Any] = run_for_json(
         "bench.worker_cpu",
-        ["--serve", url, "--n", str(n), "--concurrency", str(concurrency)],
+        ["--serve", url, "--n", str(n), "--concurrency", str(concurrency), "--mode", mode],
         src=src,
     )
     return result
@@ -127,6 +133,7 @@ def run(
     src: str | None = None,
     tag: str = "",
     out_dir: Path | None = None,
+    mode: str = "noop",
 ) -> dict[str, Any]:
     codes = {"this checkout": str(ROOT / "src")}
     if src:
@@ -136,7 +143,7 @@ def run(
         for rnd in range(runs):
             for concurrency in concurrencies:
                 for code, path in codes.items():
-                    result = one_measurement(url, n, concurrency, path)
+                    result = one_measurement(url, n, concurrency, path, mode)
                     trials.append(
                         {"round": rnd, "code": code, "concurrency": concurrency, **result}
                     )
@@ -180,6 +187,7 @@ def run(
         "concurrency": concurrencies,
         "runs": runs,
         "src": src,
+        "mode": mode,
         "trials": trials,
         "medians": medians,
         "table": table,
@@ -194,16 +202,30 @@ def main() -> None:
     parser.add_argument("--concurrency", default="50,200", help="comma-separated")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--src", default=None, help="another checkout's src/, alternating")
+    parser.add_argument(
+        "--mode",
+        choices=["noop", "stamp"],
+        default="noop",
+        help="stamp: each run returns an output (two timestamps)",
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", type=Path, default=None, help="default bench/results")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     if args.serve:
-        result = asyncio.run(burn_down(args.serve, args.n, concurrencies[0]))
+        result = asyncio.run(burn_down(args.serve, args.n, concurrencies[0], args.mode))
         print(json.dumps(result), flush=True)
         return
-    run(args.n, concurrencies, args.runs, src=args.src, tag=args.tag, out_dir=args.out_dir)
+    run(
+        args.n,
+        concurrencies,
+        args.runs,
+        src=args.src,
+        tag=args.tag,
+        out_dir=args.out_dir,
+        mode=args.mode,
+    )
 
 
 if __name__ == "__main__":
