@@ -209,13 +209,14 @@ def run(
     out_dir: Path | None = None,
     via: str = "runs",
     load_rate: float | None = None,
+    worker_src: str | None = None,
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
     rounds: list[dict[str, Any]] = []
     peer_systems, skipped = wakeup_systems(peers if peers is not None else DEFAULT_PEERS)
     with bench_database("wakeup") as url:
-        worker = runlane_system.spawn_worker(url, 10, mode="stamp")
+        worker = runlane_system.spawn_worker(url, 10, mode="stamp", src=worker_src)
         with running([worker]):
             worker.wait_ready()
             for rnd in range(runs):
@@ -318,6 +319,7 @@ def run(
         "runs": runs,
         "via": via,
         "load_rate": load_rate,
+        "worker_src": worker_src,
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
@@ -372,6 +374,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="runs/s offered in the loaded phase (default: half the capacity measured)",
     )
+    parser.add_argument(
+        "--worker-src",
+        default=None,
+        help="another checkout's src/ for the runlane worker (a before/after at one load)",
+    )
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -383,6 +390,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         out_dir=args.out_dir,
         via=args.via,
         load_rate=args.load_rate,
+        worker_src=args.worker_src,
     )
 
 
