@@ -9,8 +9,8 @@ before the call, one every ``--gap`` ms (open loop; each no-op run takes a
 few ms, so the worker is idle when the next one arrives). The handler
 returns ``time.time()`` at its start; latency = start - submit, both read
 from the same machine's clock. Under load, a loader process adds runs at
-half the worker's capacity in small batches every 10 ms, each with a
-wake-up NOTIFY. The capacity is measured first, in the same round, as the
+half the worker's capacity in small batches every 10 ms (``--load-tick-ms``),
+each with a wake-up NOTIFY. The capacity is measured first, in the same round, as the
 rate the worker completes runs while the same loader offers more than it
 can take (the median of a few one-second windows): a burn-down of runs
 inserted beforehand (also reported) overstates it, as the worker then
@@ -210,6 +210,7 @@ def run(
     via: str = "runs",
     load_rate: float | None = None,
     worker_src: str | None = None,
+    load_tick_ms: float = 10.0,
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
@@ -241,7 +242,7 @@ def run(
                 rate = load_rate if load_rate else cap / 2
                 loader = spawn(
                     "bench.wakeup",
-                    ["load", "--url", url, "--rate", str(rate)],
+                    ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(load_tick_ms)],
                     name="loader",
                 )
                 with running([loader]):
@@ -320,6 +321,7 @@ def run(
         "via": via,
         "load_rate": load_rate,
         "worker_src": worker_src,
+        "load_tick_ms": load_tick_ms,
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
@@ -332,19 +334,18 @@ def run(
 # -- the loader process -------------------------------------------------------------
 
 
-def load(url: str, rate: float) -> None:
-    """Adds ``rate`` runs/s in batches every 10 ms until killed."""
-    tick = 0.01
-    owed = 0.0
+def load(url: str, rate: float, tick_ms: float = 10.0) -> None:
+    """Adds ``rate`` runs/s in a batch every ``tick_ms`` until killed: each
+    batch is what is due by the clock since the start, so a loader that
+    falls behind catches up instead of offering less."""
+    tick = tick_ms / 1000
     start = 0
     with psycopg.connect(url, autocommit=True) as conn:
         print("ready", flush=True)
-        next_at = time.monotonic()
+        began = next_at = time.monotonic()
         while True:
-            owed += rate * tick
-            batch = int(owed)
-            if batch:
-                owed -= batch
+            batch = int(rate * (time.monotonic() - began)) - start
+            if batch > 0:
                 with conn.transaction():
                     runlane_system.insert_pending(conn, batch, start=start)
                     conn.execute("SELECT pg_notify('runlane_wakeup', %s)", (AGENT,))
@@ -375,6 +376,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs/s offered in the loaded phase (default: half the capacity measured)",
     )
     parser.add_argument(
+        "--load-tick-ms",
+        type=float,
+        default=10.0,
+        help=(
+            "the loaded phase's loader adds what is due every this many ms, with"
+            " one NOTIFY (default 10; the capacity is measured with 10 either way)"
+        ),
+    )
+    parser.add_argument(
         "--worker-src",
         default=None,
         help="another checkout's src/ for the runlane worker (a before/after at one load)",
@@ -391,6 +401,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         via=args.via,
         load_rate=args.load_rate,
         worker_src=args.worker_src,
+        load_tick_ms=args.load_tick_ms,
     )
 
 
@@ -399,8 +410,9 @@ if __name__ == "__main__":
     loader.add_argument("command", choices=["load"])
     loader.add_argument("--url", required=True)
     loader.add_argument("--rate", type=float, required=True)
+    loader.add_argument("--tick-ms", type=float, default=10.0)
     parsed = loader.parse_args()
     try:
-        load(parsed.url, parsed.rate)
+        load(parsed.url, parsed.rate, parsed.tick_ms)
     except KeyboardInterrupt:
         sys.exit(0)

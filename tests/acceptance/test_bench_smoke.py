@@ -92,6 +92,24 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert first["worker_cpu_share"] > 0
 
 
+def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_path: Path) -> None:
+    # --load-rate, --load-tick-ms and --worker-src (here this checkout's
+    # own src) reach the loaded phase and are stored.
+    data = wakeup.run(
+        "tiny",
+        1,
+        peers=[],
+        out_dir=tmp_path,
+        load_rate=150.0,
+        load_tick_ms=2.0,
+        worker_src=str(ROOT / "src"),
+    )
+    assert data["summary"]["load_per_s"] == 150.0
+    assert data["load_tick_ms"] == 2.0
+    assert data["worker_src"] == str(ROOT / "src")
+    assert data["rounds"][0]["loaded"]["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+
+
 def test_wakeup_through_lanes_smoke(bench_env: str, tmp_path: Path) -> None:
     # Probes submitted as requests to idle lanes: every one dispatched,
     # run and stamped.
@@ -134,6 +152,18 @@ def test_wakeup_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
     assert (tmp_path / "wakeup_breakdown_sync_off.json").exists()
 
 
+def test_wakeup_breakdown_under_load_smoke(bench_env: str, tmp_path: Path) -> None:
+    # With a loader beside the probes, only the probes are broken down (the
+    # loader's runs carry no "probe" key), and the claims sent meanwhile,
+    # the loader's included, are counted.
+    data = wakeup_breakdown.run(10, 20.0, out_dir=tmp_path, load_rate=500.0)
+    assert data["load_rate"] == 500.0
+    assert data["runs"]["pushed"] + data["runs"]["claimed"] == 10
+    claims = data["claims_while_probing"]
+    assert claims["claims"] > 0
+    assert claims["runs_taken_max"] >= 1
+
+
 def test_intake_latency_smoke(bench_env: str, tmp_path: Path) -> None:
     # --src pointed at this checkout: both alternating sides run.
     data = intake_latency.run(3, 1, src=str(ROOT / "src"), out_dir=tmp_path)
@@ -166,9 +196,12 @@ def test_throughput_variants_with_other_claim_sizes_smoke(bench_env: str, tmp_pa
         assert trial["jobs_per_s"] > 0
 
 
-def test_worker_cpu_smoke(bench_env: str, tmp_path: Path) -> None:
-    # Both codes (here the same checkout twice) measured and stored.
-    data = worker_cpu.run(40, [5], 1, src=str(ROOT / "src"), out_dir=tmp_path)
+@pytest.mark.parametrize("mode", ["noop", "stamp"])
+def test_worker_cpu_smoke(mode: str, bench_env: str, tmp_path: Path) -> None:
+    # Both codes (here the same checkout twice) measured and stored; stamp
+    # runs return an output.
+    data = worker_cpu.run(40, [5], 1, src=str(ROOT / "src"), out_dir=tmp_path, mode=mode)
+    assert data["mode"] == mode
     assert [t["code"] for t in data["trials"]] == ["this checkout", "--src"]
     assert all(t["runs_per_s"] > 0 for t in data["trials"])
     # The collector's part: a count and a CPU time for each generation.
