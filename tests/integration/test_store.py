@@ -15,7 +15,7 @@ from runlane.models import ClaimedRun, LeaseState, Outcome, RunStatus
 from runlane.queries import named_queries
 from runlane.reaper import Reaper
 from runlane.service import RunService
-from runlane.store import REAPER_LOCK_KEY, ClaimSpec, Finish, RunStore
+from runlane.store import REAPER_LOCK_KEY, ClaimSpec, Finish, RunStore, WorkerIdentity
 from tests.support import claimed_as_stored, run_status, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -423,6 +423,19 @@ async def test_renew_leases_renews_all_in_one_call_and_reports_lost_and_cancelle
     )
     assert left[c1.id] > 55 and left[c2.id] > 55
     assert left[c3.id] <= 5  # the stale token renewed nothing
+
+
+async def test_a_worker_holding_no_lease_still_shows_up_alive(store: RunStore, sql: Conn) -> None:
+    # An idle worker's tick sends empty id and token arrays (binary
+    # placeholders, with no element to take a type from); the statement
+    # must still record the worker, running nothing.
+    worker = WorkerIdentity(id="idle-1", hostname="h", pid=7, agents=["a"], concurrency=4)
+    assert await store.renew_leases([], lease_seconds=30, worker=worker) == {}
+    row = sql.execute(
+        "SELECT running, concurrency, last_seen_at > now() - interval '1 minute'"
+        " FROM runlane.workers WHERE id = 'idle-1'"
+    ).fetchone()
+    assert row == (0, 4, True)
 
 
 async def test_an_expired_lease_is_not_revived_by_a_late_heartbeat(
