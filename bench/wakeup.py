@@ -43,6 +43,7 @@ import psycopg
 from bench import runlane_system
 from bench.common import (
     AGENT,
+    Proc,
     bench_database,
     latency_summary,
     median,
@@ -145,7 +146,7 @@ def sustained_capacity(url: str, offered: float, window: float, windows: int = 3
     ``offered`` runs/s (more than it can take): the median of ``windows``
     windows after one of warm-up."""
     runlane_system.reset(url)
-    loader = spawn("bench.wakeup", ["load", "--url", url, "--rate", str(offered)], name="loader")
+    loader = spawn_loader(url, offered)
     rates = []
     with running([loader]):
         loader.wait_ready()
@@ -240,11 +241,7 @@ def run(
                 # Half the capacity, or a rate given (the same load for two
                 # workers of different capacities).
                 rate = load_rate if load_rate else cap / 2
-                loader = spawn(
-                    "bench.wakeup",
-                    ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(load_tick_ms)],
-                    name="loader",
-                )
+                loader = spawn_loader(url, rate, tick_ms=load_tick_ms)
                 with running([loader]):
                     loader.wait_ready()
                     time.sleep(1.0)  # reach a steady state
@@ -332,6 +329,12 @@ def run(
 
 
 # -- the loader process -------------------------------------------------------------
+
+
+def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
+    """The loader process (``load`` below); it says ready once connected."""
+    args = ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)]
+    return spawn("bench.wakeup", args, name="loader")
 
 
 def load(url: str, rate: float, tick_ms: float = 10.0) -> None:

@@ -41,9 +41,9 @@ from bench.common import (
     latency_summary,
     print_table,
     running,
-    spawn,
     write_results,
 )
+from bench.wakeup import spawn_loader
 
 
 async def serve(url: str) -> None:
@@ -81,15 +81,15 @@ async def serve(url: str) -> None:
     worker.listener._handler = stamped
     claim = worker.store.claim
 
-    # (sent, answered, asked, taken, held before) of every claim.
-    claims: list[tuple[float, float, int, int, int]] = []
+    # (sent, answered, runs taken, runs held before) of every claim.
+    claims: list[tuple[float, float, int, int]] = []
 
     async def stamped_claim(spec: Any) -> Any:
         sent = time.time()
         held = len(worker.executions)
         rows = await claim(spec)
         done = time.time()
-        claims.append((sent, done, spec.limit, len(rows), held))
+        claims.append((sent, done, len(rows), held))
         for c in rows:
             if "probe" in c.input:
                 marks.setdefault(str(c.id), {}).update(
@@ -158,13 +158,9 @@ def run(
         try:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("the worker did not start")
-            loader = (
-                spawn("bench.wakeup", ["load", "--url", url, "--rate", str(load_rate)], src=src)
-                if load_rate
-                else None
-            )
-            with running([loader] if loader else []):
-                if loader:
+            loaders = [spawn_loader(url, load_rate)] if load_rate else []
+            with running(loaders):
+                for loader in loaders:
                     loader.wait_ready()
                 time.sleep(1.0)
                 stamps = asyncio.run(submit(url, n, gap_ms / 1000.0))
@@ -219,9 +215,9 @@ def run(
     claim_summary = {
         "claims": len(window),
         "claims_per_s": len(window) / (last - first) if last > first else 0.0,
-        "runs_taken_mean": sum(c[3] for c in window) / len(window) if window else 0.0,
-        "runs_taken_max": max((c[3] for c in window), default=0),
-        "runs_held_before_max": max((c[4] for c in window), default=0),
+        "runs_taken_mean": sum(c[2] for c in window) / len(window) if window else 0.0,
+        "runs_taken_max": max((c[2] for c in window), default=0),
+        "runs_held_before_max": max((c[3] for c in window), default=0),
         "round_trip": latency_summary([c[1] - c[0] for c in window]),
     }
     print(f"runs pushed: {counts['pushed']}, claimed: {counts['claimed']}")
