@@ -38,8 +38,13 @@ def test_a_worker_collects_garbage_rarely_and_freezes_what_was_loaded(db_url: st
     assert result["frozen_at_start"] > 1_000
     # Only the first worker of a process freezes; a second adds nothing.
     assert result["frozen_after_second_start"] <= result["frozen_at_start"]
-    # 2,000 runs, 100 at a time: their objects never pile up to 10,000.
-    assert result["young_collections"] <= 2
+    # 2,000 runs with 100 slots. While its handlers are short the worker
+    # also holds up to 200 runs claimed ahead and their outcomes (at most
+    # 500 runs in hand), whose objects can reach the 10,000 of a young
+    # collection: 1-3 times over these runs (0 with claiming ahead off),
+    # against more than 20 with Python's threshold (below). At most one
+    # per 400 runs here.
+    assert result["young_collections"] <= 5
 
 
 def test_a_threshold_of_zero_leaves_pythons_collector(db_url: str) -> None:
