@@ -23,6 +23,7 @@ import psycopg
 from runlane.context import TRANSIENT_ERRORS
 from runlane.models import ClaimedRun, RunStatus
 from runlane.store import ClaimSpec, Finish, RunStore
+from runlane.write_batches import WriteBatcher, fail_batch
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ ClaimAlong = Callable[[], ClaimSpec | None]
 ClaimedAlong = Callable[[ClaimSpec, list[ClaimedRun], float], None]
 
 
-class CompletionBatcher:
+class CompletionBatcher(WriteBatcher[Finish, RunStatus | None]):
     def __init__(
         self,
         store: RunStore,
@@ -45,37 +46,17 @@ class CompletionBatcher:
         claim_along: ClaimAlong | None = None,
         claimed_along: ClaimedAlong | None = None,
     ) -> None:
+        super().__init__(max_batch=max_batch, task_name="runlane-completions")
         self._store = store
-        self._max_batch = max_batch
         self._claim_along = claim_along
         self._claimed_along = claimed_along
-        self._pending: list[Pending] = []
-        self._writer: asyncio.Task[None] | None = None
-        self.batches = 0
-
-    @property
-    def pending(self) -> int:
-        """Outcomes waiting for their batch (the one being written excluded)."""
-        return len(self._pending)
 
     async def finish(self, finish: Finish) -> RunStatus | None:
         """Writes the outcome (in some batch); the run's new status, or None
         when the token no longer held the lease."""
-        future: asyncio.Future[RunStatus | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((finish, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_pending(), name="runlane-completions")
-        return await future
-
-    async def _write_pending(self) -> None:
-        await asyncio.sleep(0)  # let outcomes of the same tick join the batch
-        while self._pending:
-            batch = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            await self._write(batch)
+        return await self._submit(finish)
 
     async def _write(self, batch: list[Pending], *, claiming: bool = True) -> None:
-        self.batches += 1
         claim = None
         lanes = any(finish.lane_id is not None for finish, _ in batch)
         if claiming and lanes and self._claim_along is not None:
@@ -88,10 +69,10 @@ class CompletionBatcher:
             )
         except TRANSIENT_ERRORS as exc:
             # Each caller retries on its own while its lease lasts.
-            _fail(batch, exc)
+            fail_batch(batch, exc)
         except psycopg.Error as exc:
             if len(batch) == 1 and claim is None:
-                _fail(batch, exc)
+                fail_batch(batch, exc)
                 return
             # One value the database refuses must not fail its neighbours
             # (and a claim must not fail the outcomes): one by one, alone.
@@ -99,7 +80,7 @@ class CompletionBatcher:
             for item in batch:
                 await self._write([item], claiming=False)
         except BaseException as exc:
-            _fail(batch, exc)
+            fail_batch(batch, exc)
             raise
         else:
             for finish, future in batch:
@@ -108,9 +89,3 @@ class CompletionBatcher:
         finally:
             if claim is not None and self._claimed_along is not None:
                 self._claimed_along(claim, claimed, sent_at)
-
-
-def _fail(batch: list[Pending], exc: BaseException) -> None:
-    for _, future in batch:
-        if not future.done():
-            future.set_exception(exc)

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -24,6 +24,9 @@ from runlane.outcomes import (
 )
 from runlane.redaction import redact
 from runlane.store import RunStore
+
+if TYPE_CHECKING:
+    from runlane.event_batches import EventBatcher
 
 T = TypeVar("T")
 
@@ -61,7 +64,14 @@ class RunContext:
     :class:`LeaseLost` is raised here.
     """
 
-    def __init__(self, claimed: ClaimedRun, store: RunStore, lease: LeaseClock) -> None:
+    def __init__(
+        self,
+        claimed: ClaimedRun,
+        store: RunStore,
+        lease: LeaseClock,
+        *,
+        events: EventBatcher | None = None,
+    ) -> None:
         self.run_id: UUID = claimed.id
         self.agent = claimed.agent
         self.tenant = claimed.tenant
@@ -82,6 +92,9 @@ class RunContext:
         self.kind = claimed.kind
         self.lease_token: UUID = claimed.lease_token
         self._store = store
+        # The worker's batcher of its runs' events; without one (a context
+        # made outside a worker), each event is its own statement.
+        self._events = events
         self._lease = lease
         self._deadline: float | None = (
             time.monotonic() + claimed.deadline_in_seconds
@@ -187,12 +200,20 @@ class RunContext:
         raise Interrupted(payload, expires_in)
 
     async def emit(self, kind: str, data: Any = None) -> int:
-        """Appends an event to the run's stream; returns its seq."""
+        """Appends an event to the run's stream; returns its seq once the
+        event is committed. Events that this worker's runs emit meanwhile
+        are committed with it, in one statement (runlane.event_batches)."""
         # Events are shown to users: secrets never reach the stream.
         safe = redact({} if data is None else data)
-        seq = await self._fenced(
-            lambda: self._store.append_event(self.run_id, self.lease_token, kind, safe)
-        )
+        events = self._events
+        if events is not None:
+            seq = await self._fenced(
+                lambda: events.append(self.run_id, self.lease_token, kind, safe)
+            )
+        else:
+            seq = await self._fenced(
+                lambda: self._store.append_event(self.run_id, self.lease_token, kind, safe)
+            )
         if seq is None:
             self._lost()
         assert seq is not None

@@ -32,6 +32,7 @@ from runlane.store import Finish, RunStore
 
 if TYPE_CHECKING:
     from runlane.completions import CompletionBatcher
+    from runlane.event_batches import EventBatcher
     from runlane.worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Execution:
         claim_sent_at: float,
         metrics: WorkerMetrics | None = None,
         completions: CompletionBatcher | None = None,
+        events: EventBatcher | None = None,
         on_handler_end: Callable[[float], None] | None = None,
     ) -> None:
         self._metrics = metrics
@@ -68,7 +70,7 @@ class Execution:
         self.run_id = claimed.id
         self.lease = LeaseClock(lease_seconds)
         self.lease.renewed(claim_sent_at)
-        self.context = RunContext(claimed, store, self.lease)
+        self.context = RunContext(claimed, store, self.lease, events=events)
         self._handler = handler
         self._store = store
         # The handler runs in the attempt's own task (no second task per

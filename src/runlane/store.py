@@ -145,6 +145,17 @@ class Finish:
 
 
 @dataclass(frozen=True, slots=True)
+class EventAppend:
+    """One event for a run's stream, fenced by its attempt's lease token
+    (see the append_events query). ``data`` is already redacted."""
+
+    run_id: UUID
+    lease_token: UUID
+    kind: str
+    data: Any
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimSpec:
     """What a worker claims: up to ``limit`` runs of ``agents`` (None: any
     agent) with a lease of ``lease_seconds``; ``aging_seconds``: one
@@ -644,6 +655,25 @@ class RunStore:
         )
         assert row is not None  # a function call: always one row
         return None if row["seq"] is None else int(row["seq"])
+
+    async def append_events(self, events: Sequence[EventAppend]) -> list[int | None]:
+        """Fenced appends of many runs' events in one statement (a worker
+        batches its runs' events): each event's seq, in the order given,
+        or None where its lease was not held. A run's events get
+        consecutive seqs in the order given."""
+        if not events:
+            return []
+        params = {
+            "run_ids": [e.run_id for e in events],
+            "lease_tokens": [e.lease_token for e in events],
+            "kinds": [e.kind for e in events],
+            "datas": [Jsonb(e.data) for e in events],
+        }
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql["append_events"], params)
+            rows = await cur.fetchall()
+        return [None if seq is None else int(seq) for (seq,) in rows]
 
     async def save_checkpoint(self, run_id: UUID, lease_token: UUID, checkpoint: Any) -> bool:
         row = await self._fetch_one(

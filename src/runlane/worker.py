@@ -36,6 +36,7 @@ from runlane.collector import tune_collector
 from runlane.completions import CompletionBatcher
 from runlane.context import TRANSIENT_ERRORS
 from runlane.database import create_pool
+from runlane.event_batches import EventBatcher
 from runlane.execution import Execution, StopReason
 from runlane.heartbeat import Heartbeat
 from runlane.lane_store import LaneStore
@@ -127,6 +128,7 @@ class Worker:
         self.completions = CompletionBatcher(
             self.store, claim_along=self._claim_along, claimed_along=self._claimed_along
         )
+        self.events = EventBatcher(self.store)
         # Every attempt held here, from its claim until its outcome is
         # written: the heartbeat renews all of them, also while an outcome
         # waits for its batch. A concurrency slot frees earlier, when the
@@ -590,6 +592,7 @@ class Worker:
             claim_sent_at=sent_at,
             metrics=self.metrics,
             completions=self.completions,
+            events=self.events,
             on_handler_end=(
                 self._handler_ended if claimed.lane_id is None else self._lane_handler_ended
             ),

@@ -335,6 +335,15 @@ SELECT id FROM runlane.lanes WHERE id = ANY(%(lane_ids)s::bigint[]) ORDER BY id 
 -- pinned to primary-key lookups (migration 0019).
 SELECT runlane.append_event(%(run_id)s, %(lease_token)s, %(kind)s, %(data)s) AS seq;
 
+-- name: append_events
+-- Fenced event appends of many runs in one statement (migration 0036):
+-- one row per given event, in the order given, with its seq or NULL when
+-- its lease was not held. The arrays go in binary, as in finish_attempts.
+SELECT e.event_seq AS seq
+FROM runlane.append_events(%(run_ids)b::uuid[], %(lease_tokens)b::uuid[],
+                           %(kinds)b::text[], %(datas)b::jsonb[]) AS e
+ORDER BY e.event_ord;
+
 -- name: save_checkpoint
 SELECT runlane.save_checkpoint(%(run_id)s, %(lease_token)s, %(checkpoint)s) AS saved;
 
