@@ -33,6 +33,9 @@ from runlane.context import RunContext
 from runlane.settings import Settings
 from runlane.worker import Worker
 
+# Events each run of the ``stream`` agent emits.
+STREAM_EVENTS = 20
+
 
 def build_app(mode: str, *, events: int = 5, event_interval: float = 1.0) -> App:
     app = App()
@@ -49,6 +52,15 @@ def build_app(mode: str, *, events: int = 5, event_interval: float = 1.0) -> App
         async def stamp(ctx: RunContext) -> Any:
             started = time.time()
             return {"started": started, "ended": time.time()}
+
+    elif mode == "stream":
+
+        @app.agent(AGENT)
+        async def stream(ctx: RunContext) -> Any:
+            # A streaming agent's shape: tokens emitted back to back.
+            for i in range(STREAM_EVENTS):
+                await ctx.emit("token", {"text": f"tok{i} "})
+            return None
 
     elif mode == "hold":
 

@@ -97,6 +97,8 @@ async def burn_down(url: str, n: int, concurrency: int, mode: str = "noop") -> d
                 await asyncio.sleep(0.05)
             cpu = time.process_time() - cpu_before
             gc.callbacks.remove(collector)
+            cur = await watch.execute("SELECT count(*) FROM runlane.run_events")
+            events = await cur.fetchone()
         finally:
             await worker.stop(grace_seconds=1.0)
     # The rate over the database's window (first claim to last finish): the
@@ -105,6 +107,8 @@ async def burn_down(url: str, n: int, concurrency: int, mode: str = "noop") -> d
     return {
         "worker_cpu_us_per_run": cpu / n * 1e6,
         "runs_per_s": n / (last - first),
+        # Events the handlers emitted (--mode stream), per run.
+        "events_per_run": (events[0] if events is not None else 0) / n,
         # Young, middle and full collections, and their CPU per run.
         "gc_collections": collector.collections,
         "gc_us_per_run": [seconds / n * 1e6 for seconds in collector.seconds],
@@ -204,9 +208,10 @@ def main() -> None:
     parser.add_argument("--src", default=None, help="another checkout's src/, alternating")
     parser.add_argument(
         "--mode",
-        choices=["noop", "stamp"],
+        choices=["noop", "stamp", "stream"],
         default="noop",
-        help="stamp: each run returns an output (two timestamps)",
+        help="stamp: each run returns an output (two timestamps);"
+        " stream: each run emits bench.procs.STREAM_EVENTS events back to back",
     )
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", type=Path, default=None, help="default bench/results")

@@ -33,6 +33,7 @@ from bench import (
     worker_cpu,
 )
 from bench.common import ROOT, median, percentile
+from bench.procs import STREAM_EVENTS
 
 
 @pytest.fixture
@@ -196,14 +197,16 @@ def test_throughput_variants_with_other_claim_sizes_smoke(bench_env: str, tmp_pa
         assert trial["jobs_per_s"] > 0
 
 
-@pytest.mark.parametrize("mode", ["noop", "stamp"])
+@pytest.mark.parametrize("mode", ["noop", "stamp", "stream"])
 def test_worker_cpu_smoke(mode: str, bench_env: str, tmp_path: Path) -> None:
     # Both codes (here the same checkout twice) measured and stored; stamp
-    # runs return an output.
+    # runs return an output, stream runs emit events.
     data = worker_cpu.run(40, [5], 1, src=str(ROOT / "src"), out_dir=tmp_path, mode=mode)
     assert data["mode"] == mode
     assert [t["code"] for t in data["trials"]] == ["this checkout", "--src"]
     assert all(t["runs_per_s"] > 0 for t in data["trials"])
+    emitted = STREAM_EVENTS if mode == "stream" else 0
+    assert all(t["events_per_run"] == emitted for t in data["trials"])
     # The collector's part: a count and a CPU time for each generation.
     assert all(len(t["gc_collections"]) == len(t["gc_us_per_run"]) == 3 for t in data["trials"])
     assert (tmp_path / "worker_cpu_sync_off.json").exists()
