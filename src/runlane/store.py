@@ -663,6 +663,12 @@ class RunStore:
         consecutive seqs in the order given."""
         if not events:
             return []
+        if len(events) == 1:
+            # A run streaming alone: the one-event statement is the cheaper.
+            (event,) = events
+            return [
+                await self.append_event(event.run_id, event.lease_token, event.kind, event.data)
+            ]
         params = {
             "run_ids": [e.run_id for e in events],
             "lease_tokens": [e.lease_token for e in events],
