@@ -19,7 +19,7 @@
 -- The runs are locked in id order, as finish_attempts locks them, so two
 -- batches (or a batch and an outcome write) never wait on each other in a
 -- cycle. Row access is pinned to primary-key lookups (the settings below,
--- as in migration 0019); the batch's own rows join by hash.
+-- as in migration 0019).
 CREATE FUNCTION runlane.append_events(
     p_run_ids uuid[], p_lease_tokens uuid[], p_kinds text[], p_datas jsonb[]
 ) RETURNS TABLE (event_ord bigint, event_seq bigint)
