@@ -205,15 +205,8 @@ class RunContext:
         are committed with it, in one statement (runlane.event_batches)."""
         # Events are shown to users: secrets never reach the stream.
         safe = redact({} if data is None else data)
-        events = self._events
-        if events is not None:
-            seq = await self._fenced(
-                lambda: events.append(self.run_id, self.lease_token, kind, safe)
-            )
-        else:
-            seq = await self._fenced(
-                lambda: self._store.append_event(self.run_id, self.lease_token, kind, safe)
-            )
+        append = self._store.append_event if self._events is None else self._events.append
+        seq = await self._fenced(lambda: append(self.run_id, self.lease_token, kind, safe))
         if seq is None:
             self._lost()
         assert seq is not None
