@@ -7,9 +7,14 @@ every database in turn: M submits one at a time (``RunService.submit``),
 M single claims (``RunStore.claim_batch(limit=1)``), M fenced finishes one
 at a time (``RunStore.finish_attempts_status``, the worker's), and M claims
 of 10 (so 11 M submits in all, then ANALYZE; until 2026-11-30 09:15 UTC
-only M/10 claims of 10, too few for a steady p50, and no ANALYZE). The probe
-runs are deleted at the end of the round, so every size stays exact.
-Target: each p50 within 1.2x of the empty database's.
+only M/10 claims of 10, too few for a steady p50, and no ANALYZE). Then,
+with 5 runs submitted and 2 of them claimed, an operator's listing of the
+live runs (pending, running and cancel_requested, every tenant, a page of
+50: ``RunStore.list_runs``), M/10 times (at least 5; added 2026-12-05:
+with so few live runs, a listing that walks the history to fill its page
+reads all of it). The probe runs are deleted at the end of the round, so
+every size stays exact. Target: each p50 of a submit and a claim within
+1.2x of the empty database's (the finish and the listing are reported).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def fill_history(url: str, n: int) -> float:
 
 async def measure(url: str, m: int) -> dict[str, Any]:
     from runlane.database import create_pool
-    from runlane.models import Outcome
+    from runlane.models import Outcome, RunStatus
     from runlane.service import RunService
     from runlane.settings import Settings
     from runlane.store import Finish, RunStore
@@ -84,7 +89,7 @@ async def measure(url: str, m: int) -> dict[str, Any]:
     await pool.open()
     store = RunStore(pool)
     service = RunService(store, Settings(database_url=url))
-    submit, claim, finish, claim10 = [], [], [], []
+    submit, claim, finish, claim10, list_live = [], [], [], [], []
     try:
         for _ in range(m + 10 * m):
             t = time.perf_counter()
@@ -112,6 +117,15 @@ async def measure(url: str, m: int) -> dict[str, Any]:
             await store.finish_attempts_status(
                 [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in batch]
             )
+        for _ in range(5):
+            await service.submit(AGENT, {"probe": True})
+        await store.claim_batch(worker_id="bench-history", limit=2, lease_seconds=60)
+        live = [RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED]
+        for _ in range(max(5, m // 10)):
+            t = time.perf_counter()
+            listed = await store.list_runs(statuses=live, limit=50)
+            list_live.append(time.perf_counter() - t)
+            assert len(listed) == 5, len(listed)
     finally:
         await pool.close()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -121,6 +135,7 @@ async def measure(url: str, m: int) -> dict[str, Any]:
         "claim": latency_summary(claim),
         "finish": latency_summary(finish),
         "claim10": latency_summary(claim10),
+        "list_live": latency_summary(list_live),
     }
 
 
@@ -149,7 +164,7 @@ def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> d
         for url in urls.values():
             with contextlib.suppress(Exception):
                 drop_database(url)
-    ops = ("submit", "claim", "finish", "claim10")
+    ops = ("submit", "claim", "finish", "claim10", "list_live")
     summary: dict[str, Any] = {"rows": []}
     base: dict[str, float] = {}
     for n in cfg["history"]:
@@ -180,6 +195,8 @@ def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> d
             "finish p50 ms",
             "ratio",
             "claim-10 p50 ms",
+            "ratio",
+            "live listing p50 ms",
             "ratio",
         ],
         [

@@ -38,11 +38,45 @@ EXCEPTIONAL_STATUSES = frozenset(
 )
 
 
+# The statuses of leased runs, all read through runs_leased_idx.
+LEASED_STATUSES = frozenset({RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED})
+
+
 def listing_query(statuses: Sequence[RunStatus] | None) -> str:
     """The named query that lists runs of these statuses (any when None)."""
     if statuses and set(statuses) <= EXCEPTIONAL_STATUSES:
         return "list_exceptional_runs"
     return "list_runs"
+
+
+def listing_parts(statuses: Sequence[RunStatus] | None) -> list[list[RunStatus] | None]:
+    """The statuses split into sets that one query each lists fast; a page
+    of them all is the newest of those queries' pages.
+
+    list_runs walks a tenant's runs newest first, which finds a page fast
+    only where the statuses asked for are common. Completed runs are; with
+    them asked for (or no status), one walk does. Without them, a set of
+    statuses that no one index holds made the walk read the tenant's whole
+    history for a few live runs: 450-500 ms for a page of pending and
+    running runs among 300,000 finished ones, 1 s with a failed or dead
+    status beside them and 200,000 runs pending (thirty-first session,
+    BENCHMARKS.md section 4). Each part here is one index's: the pending
+    runs (runs_pending_age_idx, or the walk when they are many: the planner
+    chooses, as for any listing of one status), the leased ones
+    (runs_leased_idx) and the exceptional ones (runs_exceptional_listing_idx).
+    """
+    if not statuses or RunStatus.COMPLETED in statuses:
+        return [list(statuses) if statuses else None]
+    chosen = sorted(set(statuses))
+    parts: list[list[RunStatus] | None] = []
+    for index_holds in (frozenset({RunStatus.PENDING}), LEASED_STATUSES, EXCEPTIONAL_STATUSES):
+        if part := [s for s in chosen if s in index_holds]:
+            parts.append(part)
+    return parts
+
+
+def _status_texts(statuses: Sequence[RunStatus] | None) -> list[str] | None:
+    return [str(s) for s in statuses] if statuses else None
 
 
 def _json(value: Any) -> Jsonb | None:
@@ -268,20 +302,34 @@ class RunStore:
         after: RunCursor | None = None,
         limit: int = 50,
     ) -> list[Run]:
-        rows = await self._fetch_all(
-            listing_query(statuses),
-            {
-                "tenant": tenant,
-                "user_id": user_id,
-                "thread_id": thread_id,
-                "statuses": [str(s) for s in statuses] if statuses else None,
-                "agent": agent,
-                "before_created_at": after.created_at if after else None,
-                "before_id": after.run_id if after else None,
-                "limit": limit,
-            },
-        )
-        return [Run.from_row(row) for row in rows]
+        params = {
+            "tenant": tenant,
+            "user_id": user_id,
+            "thread_id": thread_id,
+            "agent": agent,
+            "before_created_at": after.created_at if after else None,
+            "before_id": after.run_id if after else None,
+            "limit": limit,
+        }
+        parts = listing_parts(statuses)
+        if len(parts) == 1:
+            rows = await self._fetch_all(
+                listing_query(parts[0]), {**params, "statuses": _status_texts(parts[0])}
+            )
+            return [Run.from_row(row) for row in rows]
+        rows = []
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql["read_one_snapshot"])
+            for part in parts:
+                cur = await conn.execute(
+                    self._sql[listing_query(part)], {**params, "statuses": _status_texts(part)}
+                )
+                rows += await cur.fetchall()
+        # The parts list disjoint statuses, each newest first: the page is
+        # the newest of them all, in the queries' order (uuids compare as
+        # PostgreSQL compares them, byte by byte).
+        rows.sort(key=lambda row: (row["created_at"], row["id"]), reverse=True)
+        return [Run.from_row(row) for row in rows[:limit]]
 
     async def count_runs_by_status(self, *, tenant: str | None = None) -> dict[RunStatus, int]:
         rows = await self._fetch_all("count_runs_by_status", {"tenant": tenant})

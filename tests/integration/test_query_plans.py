@@ -29,7 +29,7 @@ from runlane.models import Outcome, RunStatus
 from runlane.queries import named_queries
 from runlane.service import RunService
 from runlane.settings import Settings
-from runlane.store import ClaimSpec, Finish, RunStore, listing_query
+from runlane.store import ClaimSpec, Finish, RunStore, listing_parts, listing_query
 
 Conn = psycopg.Connection[Any]
 LEASED = 2000
@@ -852,6 +852,57 @@ async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
             "before_id": page[-1][columns.index("id")],
         }
     assert pages == expected[:10]
+
+
+@pytest.mark.parametrize(
+    "statuses",
+    [
+        ["pending", "running"],
+        ["pending", "running", "cancel_requested"],
+        ["pending", "failed"],
+        ["running", "dead", "failed"],
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("tenant", [None, "t1"])
+async def test_listing_live_runs_with_others_reads_their_indexes_not_the_history(
+    sql: Conn, statuses: list[str], tenant: str | None
+) -> None:
+    # The dashboard's question "what is waiting or running?" asked of one
+    # walk read every run of each tenant to find the few live ones: no index
+    # holds both kinds. RunStore lists such a set one part per index
+    # (listing_parts); each part reads a page, and the one walk would not.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+        " created_at)"
+        " SELECT 't' || (g % 3), 'a', '{}', 3, 'completed', now(),"
+        " now() - g * interval '1 second' FROM generate_series(1, 6000) AS g"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, lease_token,"
+        " lease_expires_at, worker_id, created_at)"
+        " SELECT 't' || (g % 3), 'a', '{}', 3, s, CASE WHEN s = 'running'"
+        " THEN gen_random_uuid() END, now() + interval '1 hour', 'w', now() - interval '1 day'"
+        " FROM generate_series(1, 6) AS g, unnest('{pending,running,failed,dead}'::text[]) AS s"
+    )
+    sql.execute("ANALYZE runlane.runs, runlane.run_listing")
+    params = {**list_params(statuses, None), "tenant": tenant, "limit": 50}
+    parts = listing_parts([RunStatus(s) for s in statuses])
+    assert len(parts) > 1
+    for part in parts:
+        assert part is not None
+        with sql.transaction(force_rollback=True):
+            before = listing_reads(sql)
+            rows = sql.execute(
+                named_queries("queries.sql")[listing_query(part)],
+                {**params, "statuses": [str(s) for s in part]},
+            ).fetchall()
+            read = most_read(before, listing_reads(sql))
+        assert rows and read < 100, (part, read)
+    with sql.transaction(force_rollback=True):
+        before = listing_reads(sql)
+        sql.execute(named_queries("queries.sql")["list_runs"], params).fetchall()
+        assert most_read(before, listing_reads(sql)) >= 2000
 
 
 def add_busy_lanes(sql: Conn, n: int) -> None:

@@ -15,7 +15,14 @@ from runlane.models import ClaimedRun, LeaseState, Outcome, RunStatus
 from runlane.queries import named_queries
 from runlane.reaper import Reaper
 from runlane.service import RunService
-from runlane.store import REAPER_LOCK_KEY, ClaimSpec, Finish, RunStore, WorkerIdentity
+from runlane.store import (
+    REAPER_LOCK_KEY,
+    ClaimSpec,
+    Finish,
+    RunCursor,
+    RunStore,
+    WorkerIdentity,
+)
 from tests.support import claimed_as_stored, run_status, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -731,6 +738,62 @@ async def test_listing_pages_with_a_cursor(service: RunService) -> None:
     assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
     dead = await service.list_runs(statuses=[RunStatus.DEAD])
     assert dead == []
+
+
+EVERY_STATUS = list(RunStatus)
+
+
+@pytest.mark.parametrize(
+    "statuses",
+    [
+        ["pending", "running"],
+        ["pending", "running", "cancel_requested"],
+        ["pending", "failed"],
+        ["running", "dead", "interrupted"],
+        ["cancel_requested", "cancelled"],
+        ["pending", "running", "cancel_requested", "failed", "dead", "cancelled"],
+        ["pending", "completed"],
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("tenant", [None, "t0"])
+async def test_listing_several_statuses_pages_through_them_newest_first(
+    store: RunStore, sql: Conn, statuses: list[str], tenant: str | None
+) -> None:
+    # Without completed among them, the statuses are listed by one query
+    # per index (pending, leased, exceptional) and the pages merged: the
+    # merged pages must be the ones a single ordered read gives. Runs of
+    # every status, of two tenants, two of each creation time (the run id
+    # breaks the tie).
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, lease_token,"
+        " lease_expires_at, worker_id, created_at)"
+        " SELECT 't' || (g / 8 %% 2), 'a', '{}', 3, s.status,"
+        " CASE WHEN s.status IN ('running', 'cancel_requested') THEN gen_random_uuid() END,"
+        " now() + interval '1 hour', 'w',"
+        " timestamptz '2026-01-01' + (g / 2) * interval '1 second'"
+        " FROM generate_series(0, 47) AS g,"
+        " LATERAL (SELECT (%s::text[])[1 + g %% 8] AS status) AS s",
+        ([str(s) for s in EVERY_STATUS],),
+    )
+    wanted = [RunStatus(s) for s in statuses]
+    expected = [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs WHERE status = ANY(%s)"
+            " AND (%s::text IS NULL OR tenant = %s) ORDER BY created_at DESC, id DESC",
+            (statuses, tenant, tenant),
+        ).fetchall()
+    ]
+    assert len(expected) >= 6
+    seen: list[uuid.UUID] = []
+    cursor = None
+    while page := await store.list_runs(tenant=tenant, statuses=wanted, limit=4, after=cursor):
+        assert len(page) <= 4
+        assert {run.status for run in page} <= set(wanted)
+        seen += [run.id for run in page]
+        cursor = RunCursor(page[-1].created_at, page[-1].id)
+    assert seen == expected
 
 
 async def test_names_sharing_a_hash_see_only_their_own_runs(

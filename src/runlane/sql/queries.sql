@@ -186,6 +186,12 @@ FROM tenants CROSS JOIN LATERAL (
 ORDER BY page.created_at DESC, page.id DESC
 LIMIT %(limit)s;
 
+-- name: read_one_snapshot
+-- A listing put together from several queries (RunStore.list_runs) reads
+-- them all in one snapshot, so that a run changing status between two of
+-- them is listed once, not twice or not at all.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
 -- name: claim_batch
 -- Claims up to `limit` runs (of `agents`, or any agent when NULL) in one
 -- short transaction: highest effective priority first (priority, aged by
