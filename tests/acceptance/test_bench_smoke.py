@@ -26,6 +26,7 @@ from bench import (
     claim_cost,
     intake_latency,
     intake_lookup,
+    listing,
     throughput,
     wakeup,
     wakeup_breakdown,
@@ -210,6 +211,23 @@ def test_worker_cpu_smoke(mode: str, bench_env: str, tmp_path: Path) -> None:
     # The collector's part: a count and a CPU time for each generation.
     assert all(len(t["gc_collections"]) == len(t["gc_us_per_run"]) == 3 for t in data["trials"])
     assert (tmp_path / "worker_cpu_sync_off.json").exists()
+
+
+def test_listing_smoke(bench_env: str, tmp_path: Path) -> None:
+    args = [
+        "--history", "300", "--backlog", "30", "--calls", "2", "--src", str(ROOT / "src"),
+        "--out-dir", str(tmp_path),
+    ]  # fmt: skip
+    listing.main(args)
+    stored = json.loads((tmp_path / "listing_sync_off.json").read_text())
+    pages = {(row["tenant"], row["statuses"]): row["rows"] for row in stored["rows"]}
+    # 40 runs submitted first (10 of them claimed), 300 completed, 30
+    # pending newest: pages of 50 where there are more.
+    assert pages[(None, "running")] == 10
+    assert pages[(None, "running, dead, failed")] == 10
+    assert pages[(None, "pending")] == pages[(None, "pending, running")] == 50
+    assert pages[(None, "completed")] == pages[("t1", "any")] == 50
+    assert [row["rows"] for row in stored["src_rows"]] == [row["rows"] for row in stored["rows"]]
 
 
 def test_claim_cost_smoke(bench_env: str, tmp_path: Path) -> None:

@@ -796,6 +796,44 @@ async def test_listing_several_statuses_pages_through_them_newest_first(
     assert seen == expected
 
 
+@pytest.mark.parametrize("user_id", [None, "u"])
+async def test_a_tenants_live_runs_behind_its_newer_history_are_all_listed(
+    store: RunStore, sql: Conn, user_id: str | None
+) -> None:
+    # With a tenant, the live listing first walks the tenant's newest runs
+    # (10 pages' worth); finding too few live ones there, it reads the live
+    # runs' indexes instead. Both ways must give the same pages: here the
+    # walk of 20 finds none, and another tenant's live runs stay out.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, created_at)"
+        " SELECT t, 'u', 'a', '{}', 3, timestamptz '2026-01-01' + g * interval '1 second'"
+        " FROM generate_series(1, 3) AS g, unnest('{t,other}'::text[]) AS t"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, status,"
+        " finished_at, created_at)"
+        " SELECT 't', 'u', 'a', '{}', 3, 'completed', now(),"
+        " timestamptz '2026-02-01' + g * interval '1 second' FROM generate_series(1, 30) AS g"
+    )
+    expected = [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs WHERE tenant = 't' AND status = 'pending'"
+            " ORDER BY created_at DESC, id DESC"
+        ).fetchall()
+    ]
+    live = [RunStatus.PENDING, RunStatus.RUNNING]
+    first = await store.list_runs(tenant="t", user_id=user_id, statuses=live, limit=2)
+    rest = await store.list_runs(
+        tenant="t",
+        user_id=user_id,
+        statuses=live,
+        limit=2,
+        after=RunCursor(first[-1].created_at, first[-1].id),
+    )
+    assert [run.id for run in first + rest] == expected
+
+
 async def test_names_sharing_a_hash_see_only_their_own_runs(
     service: RunService, store: RunStore, sql: Conn
 ) -> None:

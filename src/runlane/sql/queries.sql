@@ -186,6 +186,19 @@ FROM tenants CROSS JOIN LATERAL (
 ORDER BY page.created_at DESC, page.id DESC
 LIMIT %(limit)s;
 
+-- name: list_live_runs
+-- list_runs for statuses that are all among pending, running and
+-- cancel_requested (RunStore decides): the live runs read through their
+-- partial indexes, by runlane.list_live_runs (migration 0037), whose plans
+-- are kept from reading the history, whatever the statistics say.
+SELECT page.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = page.request_id)
+           AS client_request_id
+FROM runlane.list_live_runs(%(statuses)s::text[], %(tenant)s::text, %(user_id)s::text,
+                            %(thread_id)s::text, %(agent)s::text,
+                            %(before_created_at)s::timestamptz, %(before_id)s::uuid,
+                            %(limit)s::integer) AS page
+ORDER BY page.created_at DESC, page.id DESC;
+
 -- name: read_one_snapshot
 -- A listing put together from several queries (RunStore.list_runs) reads
 -- them all in one snapshot, so that a run changing status between two of

@@ -1,0 +1,157 @@
+"""Listings of runs by status behind a long history: ``RunStore.list_runs``
+for sets of statuses, every tenant's page and one tenant's, with the
+statistics of a burst.
+
+    python -m bench.listing [--history 300000] [--backlog 0] [--calls 8]
+                            [--src OTHER_CHECKOUT/src] [--tag _s31] [--out-dir DIR]
+
+One database: 40 runs submitted two days ago over three tenants (10 of
+them claimed), ``--history`` completed runs newer than those, one every
+100 ms, and with ``--backlog`` that many pending runs newer still; then
+ANALYZE. Each listing asks for a page of 50, ``--calls`` times on one
+connection (enough to be prepared), and reports the median of the calls.
+With ``--src``, another checkout's runlane lists the same database in a
+process of its own, right after this one's (before/after in the same
+minutes). Results: ``bench/results/listing{tag}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import bench_database, median, print_table, run_for_json, write_results
+
+STATUS_SETS: dict[str, list[str] | None] = {
+    "pending": ["pending"],
+    "running": ["running"],
+    "pending, running": ["pending", "running"],
+    "pending, running, cancel_requested": ["pending", "running", "cancel_requested"],
+    "pending, failed": ["pending", "failed"],
+    "running, dead, failed": ["running", "dead", "failed"],
+    "completed": ["completed"],
+    "any": None,
+}
+TENANTS: list[str | None] = [None, "t1"]
+
+
+def fill(url: str, history: int, backlog: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
+            " SELECT 't' || (g % 3), 'a', '{}', 3, now() - interval '2 days'"
+            " FROM generate_series(1, 40) AS g"
+        )
+        conn.execute(
+            "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, attempts,"
+            " finished_at, created_at)"
+            " SELECT 't' || (g %% 3), 'a', '{}', 3, 'completed', 1, now(),"
+            " now() - g * interval '100 ms' FROM generate_series(1, %s) AS g",
+            (history,),
+        )
+        if backlog:
+            conn.execute(
+                "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
+                " SELECT 't' || (g %% 3), 'a', '{}', 3, now() - g * interval '1 ms'"
+                " FROM generate_series(1, %s) AS g",
+                (backlog,),
+            )
+        conn.execute("VACUUM ANALYZE runlane.runs, runlane.run_listing")
+
+
+async def measure(url: str, calls: int) -> list[dict[str, Any]]:
+    """Each status set and tenant: its page's size and the median time of
+    ``calls`` listings (ms). Runs under whichever runlane is importable."""
+    from runlane.database import create_pool
+    from runlane.models import RunStatus
+    from runlane.store import RunStore
+
+    pool = create_pool(url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    rows = []
+    try:
+        store = RunStore(pool)
+        for tenant in TENANTS:
+            for name, statuses in STATUS_SETS.items():
+                wanted = [RunStatus(s) for s in statuses] if statuses else None
+                times, size = [], 0
+                for _ in range(calls):
+                    started = time.perf_counter()
+                    size = len(await store.list_runs(tenant=tenant, statuses=wanted, limit=50))
+                    times.append((time.perf_counter() - started) * 1000)
+                rows.append({"tenant": tenant, "statuses": name, "rows": size, "ms": median(times)})
+    finally:
+        await pool.close()
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with bench_database("listing") as url:
+        fill(url, args.history, args.backlog)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "WITH picked AS (SELECT id FROM runlane.runs WHERE status = 'pending'"
+                " ORDER BY created_at LIMIT 10)"
+                " UPDATE runlane.runs AS r SET status = 'running', attempts = 1,"
+                " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour',"
+                " worker_id = 'bench-listing' FROM picked WHERE r.id = picked.id"
+            )
+        here = asyncio.run(measure(url, args.calls))
+        other = None
+        if args.src:
+            other = run_for_json(
+                "bench.listing", ["measure", "--url", url, "--calls", str(args.calls)], src=args.src
+            )
+    table_rows = []
+    for i, row in enumerate(here):
+        line = [row["tenant"] or "every", row["statuses"], row["rows"], row["ms"]]
+        if other:
+            line += [other[i]["ms"], other[i]["ms"] / row["ms"]]
+        table_rows.append(line)
+    headers = ["tenant", "statuses", "rows", "ms (this checkout)"]
+    if other:
+        headers += ["ms (--src)", "--src / this"]
+    data = {
+        "history": args.history,
+        "backlog": args.backlog,
+        "calls": args.calls,
+        "src": args.src,
+        "rows": here,
+        "src_rows": other,
+        "table": print_table(headers, table_rows),
+    }
+    write_results(f"listing{args.tag}", data, out_dir=args.out_dir)
+    return data
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["measure"]:
+        # The --src side: measure a database another process filled.
+        parser = argparse.ArgumentParser(prog="python -m bench.listing measure")
+        parser.add_argument("--url", required=True)
+        parser.add_argument("--calls", type=int, default=8)
+        args = parser.parse_args(argv[1:])
+        print(json.dumps(asyncio.run(measure(args.url, args.calls))))
+        return
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.listing", description=(__doc__ or "").strip()
+    )
+    parser.add_argument("--history", type=int, default=300_000)
+    parser.add_argument("--backlog", type=int, default=0)
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--src", default=None, help="another checkout's src, measured after")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out-dir", type=Path, default=None)
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
