@@ -23,8 +23,10 @@
 -- 0.1 ms without them).
 --
 -- Read that way alone, a page of one tenant's live runs would cost what
--- every tenant's live runs are: behind another tenant's backlog of 200,000
--- pending runs, 60 ms where the walk of the tenant's own runs took 1.2 ms.
+-- every tenant's live runs are: behind a backlog of 200,000 pending runs
+-- over three tenants, 62 ms for one tenant's page (measured before the
+-- walk below was added), where list_runs' walk of the tenant's own runs
+-- took 1.1 ms.
 -- So with a tenant given, the walk comes first, bounded: the tenant's (or
 -- the owner's) newest 10 x p_limit runs. When they hold a page of live
 -- runs, or are all the runs there are, they answer exactly (any run not
@@ -32,9 +34,9 @@
 -- indexes read. A tenant's own backlog is then found at the top of its
 -- walk, and a drained queue costs the bounded walk and its few live runs.
 -- Every tenant's page has no walk to bound (run_listing has no order
--- across tenants): behind a backlog it reads all of it (107 ms with
+-- across tenants): behind a backlog it reads all of it (107-113 ms with
 -- 200,000 pending, where list_runs' walk found its page among the newest
--- in 1.3-1.7 ms). A backlog that large is a state the queue works its way
+-- in 1.3-1.7 ms; `python -m bench.listing --backlog 200000`). A backlog that large is a state the queue works its way
 -- out of; a history is kept.
 CREATE FUNCTION runlane.list_live_runs(
     p_statuses text[],
