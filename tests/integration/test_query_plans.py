@@ -596,6 +596,29 @@ async def test_a_claims_attempt_rows_cost_no_read_of_runs(sql: Conn, capped: boo
     assert running == (15,)
 
 
+async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: Conn) -> None:
+    # A capped claim counts each capped tenant's running runs, planned on
+    # every call from the statistics at hand. Taken during a burst, they say
+    # most runs are running; once those runs have finished, a count that
+    # trusted them read the whole table for each capped tenant.
+    sql.execute("INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)")
+    add_pending_runs(sql, 3000)
+    claim = named_queries("queries.sql")["claim_batch"]
+    assert len(sql.execute(claim, claim_params(None, 3000)).fetchall()) == 3000
+    sql.execute("ANALYZE runlane.runs")
+    sql.execute(
+        "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
+        " lease_expires_at = NULL, finished_at = now()"
+    )
+    add_pending_runs(sql, 20)
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    for _ in range(3):
+        assert len(sql.execute(claim, claim_params(None, 1)).fetchall()) == 1
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 300
+
+
 async def pool_rows_read(pool: AsyncConnectionPool[Any], tables: tuple[str, ...]) -> int:
     """Rows of the runlane tables read on a one-connection pool's
     connection, reported and not yet reported, in one statement."""
