@@ -619,6 +619,34 @@ async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: C
     assert rows_after - rows_before < 300
 
 
+async def test_the_tenant_caps_count_running_runs_after_a_burst(sql: Conn, store: RunStore) -> None:
+    # The caps' listing (runlane tenants list, runlane status) counts each
+    # capped tenant's running runs: after a burst analyzed while most runs
+    # were running, a count planned from those statistics read the table.
+    for tenant in ("default", "t2"):
+        sql.execute(
+            "INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES (%s, 10000)", (tenant,)
+        )
+    add_pending_runs(sql, 3000)
+    claim = named_queries("queries.sql")["claim_batch"]
+    assert len(sql.execute(claim, claim_params(None, 3000)).fetchall()) == 3000
+    sql.execute("ANALYZE runlane.runs")
+    sql.execute(
+        "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
+        " lease_expires_at = NULL, finished_at = now()"
+    )
+    add_pending_runs(sql, 20)
+    assert len(sql.execute(claim, claim_params(None, 2)).fetchall()) == 2
+    query = named_queries("queries.sql")["list_tenant_limits"]
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    for tenant in (None, "default"):
+        caps = sql.execute(query, {"tenant": tenant}).fetchall()
+        assert caps[0][0] == "default" and caps[0][2] == 2
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 300
+
+
 async def pool_rows_read(pool: AsyncConnectionPool[Any], tables: tuple[str, ...]) -> int:
     """Rows of the runlane tables read on a one-connection pool's
     connection, reported and not yet reported, in one statement."""
