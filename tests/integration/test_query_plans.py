@@ -647,6 +647,32 @@ async def test_the_tenant_caps_count_running_runs_after_a_burst(sql: Conn, store
     assert rows_after - rows_before < 300
 
 
+def test_the_dead_count_after_a_burst_of_dead_runs_reads_no_table(sql: Conn) -> None:
+    # Workers' metrics and the dashboard's overview count the dead runs
+    # every few seconds on long-lived connections. After a burst sent to
+    # the dead letter (analyzed there), then re-queued and finished, a count
+    # planned from those statistics read the whole table at every poll.
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, attempts, finished_at)"
+        " SELECT 'a', '{}', 3, 'dead', 3, now() FROM generate_series(1, 3000)"
+    )
+    sql.execute("ANALYZE runlane.runs")
+    sql.execute("UPDATE runlane.runs SET status = 'completed'")
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, attempts, finished_at)"
+        " SELECT 'a', '{}', 3, 'dead', 3, now() FROM generate_series(1, 2)"
+    )
+    query = named_queries("queries.sql")["dead_count"]
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    for tenant in (None, "default", "other"):
+        for _ in range(7):  # prepared, as on a long-lived connection
+            count = sql.execute(query, {"tenant": tenant}, prepare=True).fetchone()
+            assert count == (0 if tenant == "other" else 2,)
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 100
+
+
 async def pool_rows_read(pool: AsyncConnectionPool[Any], tables: tuple[str, ...]) -> int:
     """Rows of the runlane tables read on a one-connection pool's
     connection, reported and not yet reported, in one statement."""
