@@ -673,6 +673,32 @@ def test_the_dead_count_after_a_burst_of_dead_runs_reads_no_table(sql: Conn) -> 
     assert rows_after - rows_before < 100
 
 
+def test_the_reapers_search_after_a_burst_reads_the_leased_runs_only(sql: Conn) -> None:
+    # The reaper's pass, prepared on its long-lived connection, every 10 s:
+    # after a burst analyzed while most runs were leased, a search for
+    # expired leases planned from those statistics read the whole table at
+    # every pass (migration 0041).
+    add_pending_runs(sql, 3000)
+    claim = named_queries("queries.sql")["claim_batch"]
+    assert len(sql.execute(claim, claim_params(None, 3000)).fetchall()) == 3000
+    sql.execute("ANALYZE runlane.runs")
+    sql.execute(
+        "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
+        " lease_expires_at = NULL, finished_at = now()"
+    )
+    add_pending_runs(sql, 2)
+    assert len(sql.execute(claim, {**claim_params(None, 2), "lease_seconds": 0.0}).fetchall()) == 2
+    reap = named_queries("queries.sql")["reap_expired_leases"]
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    reaped = sql.execute(reap, {"run_id": None, "limit": 100}, prepare=True).fetchall()
+    assert sorted(row[1] for row in reaped) == ["pending", "pending"]
+    for _ in range(6):
+        assert sql.execute(reap, {"run_id": None, "limit": 100}, prepare=True).fetchall() == []
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 100
+
+
 async def pool_rows_read(pool: AsyncConnectionPool[Any], tables: tuple[str, ...]) -> int:
     """Rows of the runlane tables read on a one-connection pool's
     connection, reported and not yet reported, in one statement."""

@@ -436,15 +436,14 @@ WHERE NOT EXISTS (SELECT 1 FROM requeued);
 -- TRUE, does not imply the predicate of runs_leased_idx, through which
 -- statistics taken while few runs were leased made PostgreSQL read every
 -- leased run to find this one. Each branch keeps its shape whatever the
--- parameters, so a plan kept for the prepared statement serves both.
+-- parameters, so a plan kept for the prepared statement serves both. The
+-- batch of direct runs is found by runlane.expired_direct_leases (migration
+-- 0041), through runs_leased_idx whatever the statistics say; with run_id
+-- it is asked for none.
 WITH expired_direct AS (
-    SELECT id, lease_token, claim_count, worker_id, attempt_started_at FROM runlane.runs
-    WHERE %(run_id)s::uuid IS NULL
-      AND status IN ('running', 'cancel_requested') AND lease_expires_at < now()
-      AND lane_id IS NULL
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT d.id, d.lease_token, d.claim_count, d.worker_id, d.attempt_started_at
+    FROM runlane.expired_direct_leases(
+        CASE WHEN %(run_id)s::uuid IS NULL THEN %(limit)s::integer ELSE 0 END) AS d
 ), expired_one AS (
     SELECT id, lease_token, claim_count, worker_id, attempt_started_at FROM runlane.runs
     WHERE id = %(run_id)s::uuid
