@@ -12,7 +12,11 @@ ANALYZE. Each listing asks for a page of 50, ``--calls`` times on one
 connection (enough to be prepared), and reports the median of the calls.
 With ``--src``, another checkout's runlane lists the same database in a
 process of its own, right after this one's (before/after in the same
-minutes). Results: ``bench/results/listing{tag}.json``.
+minutes). The database is migrated by this checkout, so ``--src``
+compares the two checkouts' Python and named queries over this
+checkout's schema and SQL functions: a change made in a migration's
+function shows on both sides (compare runs without ``--src`` instead).
+Results: ``bench/results/listing{tag}.json``.
 """
 
 from __future__ import annotations

@@ -188,9 +188,10 @@ LIMIT %(limit)s;
 
 -- name: list_live_runs
 -- list_runs for statuses that are all among pending, running and
--- cancel_requested (RunStore decides): the live runs read through their
--- partial indexes, by runlane.list_live_runs (migration 0037), whose plans
--- are kept from reading the history, whatever the statistics say.
+-- cancel_requested (RunStore decides), by runlane.list_live_runs
+-- (migrations 0037 and 0042): a bounded walk of each tenant's newest runs,
+-- else the live runs' partial indexes, with plans kept from reading the
+-- history whatever the statistics say.
 SELECT page.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = page.request_id)
            AS client_request_id
 FROM runlane.list_live_runs(%(statuses)s::text[], %(tenant)s::text, %(user_id)s::text,
