@@ -596,12 +596,9 @@ async def test_a_claims_attempt_rows_cost_no_read_of_runs(sql: Conn, capped: boo
     assert running == (15,)
 
 
-async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: Conn) -> None:
-    # A capped claim counts each capped tenant's running runs, planned on
-    # every call from the statistics at hand. Taken during a burst, they say
-    # most runs are running; once those runs have finished, a count that
-    # trusted them read the whole table for each capped tenant.
-    sql.execute("INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)")
+def finish_a_burst_analyzed_while_leased(sql: Conn) -> None:
+    """3,000 runs claimed, analyzed while leased, then finished: statistics
+    that say most runs are leased, about a table where none is."""
     add_pending_runs(sql, 3000)
     claim = named_queries("queries.sql")["claim_batch"]
     assert len(sql.execute(claim, claim_params(None, 3000)).fetchall()) == 3000
@@ -610,6 +607,16 @@ async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: C
         "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
         " lease_expires_at = NULL, finished_at = now()"
     )
+
+
+async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: Conn) -> None:
+    # A capped claim counts each capped tenant's running runs, planned on
+    # every call from the statistics at hand. Taken during a burst, they say
+    # most runs are running; once those runs have finished, a count that
+    # trusted them read the whole table for each capped tenant (0038).
+    sql.execute("INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)")
+    claim = named_queries("queries.sql")["claim_batch"]
+    finish_a_burst_analyzed_while_leased(sql)
     add_pending_runs(sql, 20)
     scans_before, rows_before = table_reads_in_session(sql, "runs")
     for _ in range(3):
@@ -619,22 +626,17 @@ async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: C
     assert rows_after - rows_before < 300
 
 
-async def test_the_tenant_caps_count_running_runs_after_a_burst(sql: Conn, store: RunStore) -> None:
+async def test_the_tenant_caps_count_running_runs_after_a_burst(sql: Conn) -> None:
     # The caps' listing (runlane tenants list, runlane status) counts each
     # capped tenant's running runs: after a burst analyzed while most runs
-    # were running, a count planned from those statistics read the table.
+    # were running, a count planned from those statistics read the table
+    # (migration 0039).
     for tenant in ("default", "t2"):
         sql.execute(
             "INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES (%s, 10000)", (tenant,)
         )
-    add_pending_runs(sql, 3000)
     claim = named_queries("queries.sql")["claim_batch"]
-    assert len(sql.execute(claim, claim_params(None, 3000)).fetchall()) == 3000
-    sql.execute("ANALYZE runlane.runs")
-    sql.execute(
-        "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
-        " lease_expires_at = NULL, finished_at = now()"
-    )
+    finish_a_burst_analyzed_while_leased(sql)
     add_pending_runs(sql, 20)
     assert len(sql.execute(claim, claim_params(None, 2)).fetchall()) == 2
     query = named_queries("queries.sql")["list_tenant_limits"]
@@ -651,7 +653,8 @@ def test_the_dead_count_after_a_burst_of_dead_runs_reads_no_table(sql: Conn) -> 
     # Workers' metrics and the dashboard's overview count the dead runs
     # every few seconds on long-lived connections. After a burst sent to
     # the dead letter (analyzed there), then re-queued and finished, a count
-    # planned from those statistics read the whole table at every poll.
+    # planned from those statistics read the whole table at every poll
+    # (migration 0040).
     sql.execute(
         "INSERT INTO runlane.runs (agent, input, max_attempts, status, attempts, finished_at)"
         " SELECT 'a', '{}', 3, 'dead', 3, now() FROM generate_series(1, 3000)"
@@ -678,14 +681,8 @@ def test_the_reapers_search_after_a_burst_reads_the_leased_runs_only(sql: Conn) 
     # after a burst analyzed while most runs were leased, a search for
     # expired leases planned from those statistics read the whole table at
     # every pass (migration 0041).
-    add_pending_runs(sql, 3000)
     claim = named_queries("queries.sql")["claim_batch"]
-    assert len(sql.execute(claim, claim_params(None, 3000)).fetchall()) == 3000
-    sql.execute("ANALYZE runlane.runs")
-    sql.execute(
-        "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
-        " lease_expires_at = NULL, finished_at = now()"
-    )
+    finish_a_burst_analyzed_while_leased(sql)
     add_pending_runs(sql, 2)
     assert len(sql.execute(claim, {**claim_params(None, 2), "lease_seconds": 0.0}).fetchall()) == 2
     reap = named_queries("queries.sql")["reap_expired_leases"]

@@ -56,6 +56,8 @@ BEGIN
     -- (6,017 rows for the second page of 5 among three tenants' 6,000
     -- runs). Sorts are off so that the walk follows the index's order and
     -- stops at its limit.
+    -- One query per index: the owner's walk must count the owner's runs,
+    -- which the tenant's index would reach only by filtering.
     IF p_user_id IS NULL THEN
         SELECT count(*),
                (array_agg(r.id ORDER BY newest.created_at DESC, newest.run_id DESC)
