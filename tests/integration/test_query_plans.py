@@ -898,6 +898,17 @@ async def test_an_owners_listing_reads_a_page_not_the_owners_history(sql: Conn) 
     assert read < 100
 
 
+def add_three_tenants_history(sql: Conn) -> None:
+    """6,000 completed runs of tenants t0, t1 and t2, interleaved in time,
+    one a second back from now."""
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+        " created_at)"
+        " SELECT 't' || (g % 3), 'a', '{}', 3, 'completed', now(),"
+        " now() - g * interval '1 second' FROM generate_series(1, 6000) AS g"
+    )
+
+
 @pytest.mark.parametrize("statuses", [None, ["completed"], ["pending"], ["failed"]], ids=str)
 async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
     sql: Conn, statuses: list[str] | None
@@ -905,12 +916,7 @@ async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
     # An operator's listing (`runlane runs list`: no tenant) read and sorted
     # every run stored to show one page. Three tenants' histories, their
     # runs interleaved in time, and a few pending runs among the oldest.
-    sql.execute(
-        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
-        " created_at)"
-        " SELECT 't' || (g % 3), 'a', '{}', 3, 'completed', now(),"
-        " now() - g * interval '1 second' FROM generate_series(1, 6000) AS g"
-    )
+    add_three_tenants_history(sql)
     sql.execute(
         "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
         " SELECT 't' || (g % 3), 'a', '{}', 3, now() - interval '1 day'"
@@ -973,12 +979,7 @@ async def test_listing_live_runs_with_others_reads_their_indexes_not_the_history
     # holds both kinds. RunStore lists such a set one part per index
     # (listing_parts); each part reads a page (with a tenant, after a walk
     # of the tenant's newest 10 pages' worth), and the one walk would not.
-    sql.execute(
-        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
-        " created_at)"
-        " SELECT 't' || (g % 3), 'a', '{}', 3, 'completed', now(),"
-        " now() - g * interval '1 second' FROM generate_series(1, 6000) AS g"
-    )
+    add_three_tenants_history(sql)
     sql.execute(
         "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, lease_token,"
         " lease_expires_at, worker_id, created_at)"
