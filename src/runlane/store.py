@@ -19,7 +19,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from runlane.errors import LaneRefused
 from runlane.maintenance_lock import maintenance_lock
-from runlane.models import Attempt, ClaimedRun, Event, LeaseState, Outcome, Run, RunStatus
+from runlane.models import (
+    TERMINAL_STATUSES,
+    Attempt,
+    ClaimedRun,
+    Event,
+    LeaseState,
+    Outcome,
+    Run,
+    RunStatus,
+)
 from runlane.queries import named_queries
 
 # Maintenance jobs (reaper, recovery, pruner) each take their own key, so
@@ -40,7 +49,7 @@ EXCEPTIONAL_STATUSES = frozenset(
 
 # The statuses of runs not yet finished, each read through a partial index
 # of its own (list_live_runs).
-LIVE_STATUSES = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED})
+LIVE_STATUSES = frozenset(RunStatus) - TERMINAL_STATUSES
 
 
 def listing_query(statuses: Sequence[RunStatus] | None) -> str:
