@@ -696,6 +696,65 @@ def test_the_reapers_search_after_a_burst_reads_the_leased_runs_only(sql: Conn) 
     assert rows_after - rows_before < 100
 
 
+def test_the_workers_list_after_a_burst_reads_the_leased_runs_only(sql: Conn) -> None:
+    # runlane workers, runlane status and the dashboard's overview list
+    # each worker's leased runs. After a burst analyzed while most runs
+    # were leased by one worker, that search read the whole table for every
+    # worker listed (7 listings of two workers: 42,028 rows in 14 scans;
+    # migration 0043).
+    sql.execute(
+        "INSERT INTO runlane.workers (id, hostname, pid, agents, concurrency, running)"
+        " VALUES ('w', 'h', 1, '{a}', 10, 2), ('idle', 'h', 2, '{a}', 10, 0)"
+    )
+    claim = named_queries("queries.sql")["claim_batch"]
+    finish_a_burst_analyzed_while_leased(sql)
+    add_pending_runs(sql, 2)
+    claimed = {row[0] for row in sql.execute(claim, claim_params(None, 2)).fetchall()}
+    query = named_queries("queries.sql")["list_workers"]
+    params = {"alive_seconds": 30.0, "forget_seconds": 3600.0}
+    scans_before, rows_before = table_reads_in_session(sql, "runs")
+    for _ in range(7):  # prepared, as on a long-lived connection
+        workers = sql.execute(query, params, prepare=True).fetchall()
+        held = {str(row[0]): row[-1] for row in workers}
+        assert set(held["w"]) == claimed and held["idle"] == []
+    scans_after, rows_after = table_reads_in_session(sql, "runs")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 100
+
+
+def test_a_prune_pass_after_a_burst_of_ended_requests_reads_only_those_due(sql: Conn) -> None:
+    # The pruner looks for ended requests at every pass. After a burst of
+    # rejected requests was analyzed, that search read the whole requests
+    # table, which keeps every dispatched request as long as its run (7
+    # passes: 24,006 rows in 10 scans; migration 0043).
+    sql.execute(
+        "INSERT INTO runlane.lanes (tenant, user_id, agent, thread_id)"
+        " VALUES ('default', 'u', 'a', 't')"
+    )
+    insert = (
+        "INSERT INTO runlane.requests (lane_id, tenant, request_id, policy, status, ended_at,"
+        " input, max_attempts, request_order)"
+        " SELECT (SELECT id FROM runlane.lanes), 'default', %s || g, 'reject', 'rejected',"
+        " now() - interval '30 days', '{}', 3, g FROM generate_series(1, %s) AS g"
+    )
+    sql.execute(insert, ("burst-", 3000))
+    sql.execute("ANALYZE runlane.requests")
+    # Those requests queued again (no longer ended), and two old rejections.
+    sql.execute("UPDATE runlane.requests SET status = 'queued', ended_at = NULL")
+    sql.execute(insert, ("due-", 2))
+    query = named_queries("queries.sql")["prune_requests"]
+    params = {"older_than_seconds": 7 * 86400.0, "batch": 500}
+    scans_before, rows_before = table_reads_in_session(sql, "requests")
+    deleted = sql.execute(query, params, prepare=True).fetchall()
+    assert len(deleted) == 2
+    for _ in range(6):
+        assert sql.execute(query, params, prepare=True).fetchall() == []
+    scans_after, rows_after = table_reads_in_session(sql, "requests")
+    assert scans_after == scans_before
+    assert rows_after - rows_before < 100
+    assert sql.execute("SELECT count(*) FROM runlane.requests").fetchone() == (3000,)
+
+
 async def pool_rows_read(pool: AsyncConnectionPool[Any], tables: tuple[str, ...]) -> int:
     """Rows of the runlane tables read on a one-connection pool's
     connection, reported and not yet reported, in one statement."""

@@ -519,12 +519,12 @@ WHERE id = %(lane_id)s AND paused_run_id = %(run_id)s;
 UPDATE runlane.workers SET stopped_at = now(), running = 0 WHERE id = %(worker_id)s;
 
 -- name: list_workers
--- Workers seen within alive_seconds, with the runs they hold.
+-- Workers seen within alive_seconds, with the runs they hold, found through
+-- the partial index of leased runs whatever the statistics say
+-- (runlane.worker_run_ids, migration 0043).
 SELECT w.*, (w.stopped_at IS NULL AND w.last_seen_at > now() - make_interval(secs =>
                  %(alive_seconds)s)) AS alive,
-       coalesce((SELECT array_agg(r.id ORDER BY r.started_at) FROM runlane.runs AS r
-                 WHERE r.worker_id = w.id AND r.status IN ('running', 'cancel_requested')),
-                '{}') AS run_ids
+       runlane.worker_run_ids(w.id) AS run_ids
 FROM runlane.workers AS w
 WHERE coalesce(w.stopped_at, w.last_seen_at) > now() - make_interval(secs => %(forget_seconds)s)
 ORDER BY w.started_at;
@@ -564,17 +564,11 @@ RETURNING r.id;
 
 -- name: prune_requests
 -- Requests that ended without a run (cancelled, rejected, failed), and
--- dispatched ones whose run was pruned.
-WITH doomed AS (
-    SELECT id FROM runlane.requests
-    WHERE (status IN ('cancelled', 'rejected', 'failed')
-           AND ended_at < now() - make_interval(secs => %(older_than_seconds)s))
-       OR (status = 'dispatched' AND run_id IS NULL
-           AND dispatched_at < now() - make_interval(secs => %(older_than_seconds)s))
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM runlane.requests AS q USING doomed WHERE q.id = doomed.id
+-- dispatched ones whose run was pruned, found through their partial
+-- indexes whatever the statistics say (runlane.prunable_requests,
+-- migration 0043, which locks them).
+DELETE FROM runlane.requests AS q
+WHERE q.id = ANY(ARRAY(SELECT runlane.prunable_requests(%(older_than_seconds)s, %(batch)s)))
 RETURNING q.id;
 
 -- name: queue_gauges
