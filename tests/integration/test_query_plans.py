@@ -12,7 +12,8 @@ at any size.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
@@ -565,6 +566,18 @@ def table_reads_in_session(sql: Conn, table: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+@contextmanager
+def reads_without_a_scan(sql: Conn, table: str, *, fewer_than: int) -> Iterator[None]:
+    """What the block does reads runlane.<table> without a sequential scan
+    and reads fewer than ``fewer_than`` of its rows, at commit included
+    (table_reads_in_session)."""
+    scans_before, rows_before = table_reads_in_session(sql, table)
+    yield
+    scans_after, rows_after = table_reads_in_session(sql, table)
+    assert scans_after == scans_before
+    assert rows_after - rows_before < fewer_than
+
+
 @pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 async def test_a_claims_attempt_rows_cost_no_read_of_runs(sql: Conn, capped: bool) -> None:
     # Until migration 0027 each claimed run's attempt row had a foreign key
@@ -586,12 +599,9 @@ async def test_a_claims_attempt_rows_cost_no_read_of_runs(sql: Conn, capped: boo
     for _ in range(12):
         assert len(sql.execute(claim, params).fetchall()) == 1
     add_pending_runs(sql, 3000)
-    scans_before, rows_before = table_reads_in_session(sql, "runs")
-    for _ in range(3):
-        assert len(sql.execute(claim, params).fetchall()) == 1
-    scans_after, rows_after = table_reads_in_session(sql, "runs")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 300
+    with reads_without_a_scan(sql, "runs", fewer_than=300):
+        for _ in range(3):
+            assert len(sql.execute(claim, params).fetchall()) == 1
     running = sql.execute("SELECT count(*) FROM runlane.runs WHERE status = 'running'").fetchone()
     assert running == (15,)
 
@@ -618,12 +628,9 @@ async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: C
     claim = named_queries("queries.sql")["claim_batch"]
     finish_a_burst_analyzed_while_leased(sql)
     add_pending_runs(sql, 20)
-    scans_before, rows_before = table_reads_in_session(sql, "runs")
-    for _ in range(3):
-        assert len(sql.execute(claim, claim_params(None, 1)).fetchall()) == 1
-    scans_after, rows_after = table_reads_in_session(sql, "runs")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 300
+    with reads_without_a_scan(sql, "runs", fewer_than=300):
+        for _ in range(3):
+            assert len(sql.execute(claim, claim_params(None, 1)).fetchall()) == 1
 
 
 async def test_the_tenant_caps_count_running_runs_after_a_burst(sql: Conn) -> None:
@@ -640,13 +647,10 @@ async def test_the_tenant_caps_count_running_runs_after_a_burst(sql: Conn) -> No
     add_pending_runs(sql, 20)
     assert len(sql.execute(claim, claim_params(None, 2)).fetchall()) == 2
     query = named_queries("queries.sql")["list_tenant_limits"]
-    scans_before, rows_before = table_reads_in_session(sql, "runs")
-    for tenant in (None, "default"):
-        caps = sql.execute(query, {"tenant": tenant}).fetchall()
-        assert caps[0][0] == "default" and caps[0][2] == 2
-    scans_after, rows_after = table_reads_in_session(sql, "runs")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 300
+    with reads_without_a_scan(sql, "runs", fewer_than=300):
+        for tenant in (None, "default"):
+            caps = sql.execute(query, {"tenant": tenant}).fetchall()
+            assert caps[0][0] == "default" and caps[0][2] == 2
 
 
 def test_the_dead_count_after_a_burst_of_dead_runs_reads_no_table(sql: Conn) -> None:
@@ -666,14 +670,11 @@ def test_the_dead_count_after_a_burst_of_dead_runs_reads_no_table(sql: Conn) -> 
         " SELECT 'a', '{}', 3, 'dead', 3, now() FROM generate_series(1, 2)"
     )
     query = named_queries("queries.sql")["dead_count"]
-    scans_before, rows_before = table_reads_in_session(sql, "runs")
-    for tenant in (None, "default", "other"):
-        for _ in range(7):  # prepared, as on a long-lived connection
-            count = sql.execute(query, {"tenant": tenant}, prepare=True).fetchone()
-            assert count == (0 if tenant == "other" else 2,)
-    scans_after, rows_after = table_reads_in_session(sql, "runs")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 100
+    with reads_without_a_scan(sql, "runs", fewer_than=100):
+        for tenant in (None, "default", "other"):
+            for _ in range(7):  # prepared, as on a long-lived connection
+                count = sql.execute(query, {"tenant": tenant}, prepare=True).fetchone()
+                assert count == (0 if tenant == "other" else 2,)
 
 
 def test_the_reapers_search_after_a_burst_reads_the_leased_runs_only(sql: Conn) -> None:
@@ -686,14 +687,11 @@ def test_the_reapers_search_after_a_burst_reads_the_leased_runs_only(sql: Conn) 
     add_pending_runs(sql, 2)
     assert len(sql.execute(claim, {**claim_params(None, 2), "lease_seconds": 0.0}).fetchall()) == 2
     reap = named_queries("queries.sql")["reap_expired_leases"]
-    scans_before, rows_before = table_reads_in_session(sql, "runs")
-    reaped = sql.execute(reap, {"run_id": None, "limit": 100}, prepare=True).fetchall()
-    assert sorted(row[1] for row in reaped) == ["pending", "pending"]
-    for _ in range(6):
-        assert sql.execute(reap, {"run_id": None, "limit": 100}, prepare=True).fetchall() == []
-    scans_after, rows_after = table_reads_in_session(sql, "runs")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 100
+    with reads_without_a_scan(sql, "runs", fewer_than=100):
+        reaped = sql.execute(reap, {"run_id": None, "limit": 100}, prepare=True).fetchall()
+        assert sorted(row[1] for row in reaped) == ["pending", "pending"]
+        for _ in range(6):
+            assert sql.execute(reap, {"run_id": None, "limit": 100}, prepare=True).fetchall() == []
 
 
 def test_the_workers_list_after_a_burst_reads_the_leased_runs_only(sql: Conn) -> None:
@@ -712,14 +710,11 @@ def test_the_workers_list_after_a_burst_reads_the_leased_runs_only(sql: Conn) ->
     claimed = {row[0] for row in sql.execute(claim, claim_params(None, 2)).fetchall()}
     query = named_queries("queries.sql")["list_workers"]
     params = {"alive_seconds": 30.0, "forget_seconds": 3600.0}
-    scans_before, rows_before = table_reads_in_session(sql, "runs")
-    for _ in range(7):  # prepared, as on a long-lived connection
-        workers = sql.execute(query, params, prepare=True).fetchall()
-        held = {str(row[0]): row[-1] for row in workers}
-        assert set(held["w"]) == claimed and held["idle"] == []
-    scans_after, rows_after = table_reads_in_session(sql, "runs")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 100
+    with reads_without_a_scan(sql, "runs", fewer_than=100):
+        for _ in range(7):  # prepared, as on a long-lived connection
+            workers = sql.execute(query, params, prepare=True).fetchall()
+            held = {str(row[0]): row[-1] for row in workers}
+            assert set(held["w"]) == claimed and held["idle"] == []
 
 
 def test_a_prune_pass_after_a_burst_of_ended_requests_reads_only_those_due(sql: Conn) -> None:
@@ -746,14 +741,11 @@ def test_a_prune_pass_after_a_burst_of_ended_requests_reads_only_those_due(sql: 
     sql.execute(insert, ("kept-", "1 day", 2))
     query = named_queries("queries.sql")["prune_requests"]
     params = {"older_than_seconds": 7 * 86400.0, "batch": 500}
-    scans_before, rows_before = table_reads_in_session(sql, "requests")
-    deleted = sql.execute(query, params, prepare=True).fetchall()
-    assert len(deleted) == 2
-    for _ in range(6):
-        assert sql.execute(query, params, prepare=True).fetchall() == []
-    scans_after, rows_after = table_reads_in_session(sql, "requests")
-    assert scans_after == scans_before
-    assert rows_after - rows_before < 100
+    with reads_without_a_scan(sql, "requests", fewer_than=100):
+        deleted = sql.execute(query, params, prepare=True).fetchall()
+        assert len(deleted) == 2
+        for _ in range(6):
+            assert sql.execute(query, params, prepare=True).fetchall() == []
     left = sql.execute("SELECT status, count(*) FROM runlane.requests GROUP BY 1 ORDER BY 1")
     assert left.fetchall() == [("queued", 3000), ("rejected", 2)]
 
