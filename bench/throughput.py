@@ -1,6 +1,7 @@
 """Figure 1: throughput — no-op runs, an N-run burn-down, 1 and 2 worker
 processes, concurrency 10/50/200; runlane against PGQueuer (on its psycopg
-and its asyncpg driver) and oban in the same database server, and the
+and its asyncpg driver) and oban (with and without its table's statistics:
+bench/peers/oban_adapter.py) in the same database server, and the
 bare-SQL limit of a SKIP LOCKED claim + ack driven by pgbench.
 
 Each trial: reset the system's tables, enqueue N jobs in bulk (untimed),
@@ -68,7 +69,7 @@ SIZES: dict[str, dict[str, Any]] = {
 
 
 # The peers: runlane's ratio is to the best of those in the run.
-PEERS = ("pgqueuer", "pgqueuer-asyncpg", "oban")
+PEERS = ("pgqueuer", "pgqueuer-asyncpg", "oban", "oban-unanalyzed")
 
 # The steady rate's window: from the moment this fraction of the jobs were
 # completed to the moment that fraction were.
@@ -85,6 +86,7 @@ def systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
         "pgqueuer": pgqueuer_adapter,
         "pgqueuer-asyncpg": pgqueuer_adapter.ON_ASYNCPG,
         "oban": oban_adapter,
+        "oban-unanalyzed": oban_adapter.WITHOUT_STATISTICS,
         **VARIANTS,
     }
     chosen, skipped = [], {}
@@ -419,8 +421,8 @@ def make_plot(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--systems",
-        default="runlane,pgqueuer,pgqueuer-asyncpg,oban",
-        help="comma-separated: runlane,pgqueuer,pgqueuer-asyncpg,oban",
+        default="runlane,pgqueuer,pgqueuer-asyncpg,oban,oban-unanalyzed",
+        help="comma-separated: runlane,pgqueuer,pgqueuer-asyncpg,oban,oban-unanalyzed",
     )
     parser.add_argument("--profile", action="store_true", help="also profile a runlane worker")
     parser.add_argument(

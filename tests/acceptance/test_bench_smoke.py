@@ -51,7 +51,9 @@ def test_statistics_helpers() -> None:
 
 
 def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
-    chosen, skipped = throughput.systems(["runlane", "pgqueuer", "pgqueuer-asyncpg", "oban"])
+    chosen, skipped = throughput.systems(
+        ["runlane", "pgqueuer", "pgqueuer-asyncpg", "oban", "oban-unanalyzed"]
+    )
     names = [system.NAME for system in chosen]
     assert "runlane" in names
     data = throughput.run(
