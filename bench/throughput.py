@@ -71,6 +71,14 @@ SIZES: dict[str, dict[str, Any]] = {
 # The peers: runlane's ratio is to the best of those in the run.
 PEERS = ("pgqueuer", "pgqueuer-asyncpg", "oban", "oban-unanalyzed")
 
+# The CPU per job of a summary row (key suffix: the trials' field), in ms.
+CPU_COLUMNS = {
+    "pg_cpu_ms": "pg_cpu_ms_per_job",
+    "worker_cpu_ms": "worker_cpu_ms_per_job",
+    "pg_cpu_in_window_ms": "pg_cpu_in_window_ms_per_job",
+    "worker_cpu_in_window_ms": "worker_cpu_in_window_ms_per_job",
+}
+
 # The steady rate's window: from the moment this fraction of the jobs were
 # completed to the moment that fraction were.
 STEADY = (0.1, 0.9)
@@ -118,6 +126,10 @@ def trial(
         with running(workers):
             for worker in workers:
                 worker.wait_ready()
+            # The CPU already spent (each worker's start, its backends'
+            # set-up): subtracted for the CPU in the window.
+            worker_cpu_at_gate = sum(w.cpu_seconds() for w in workers)
+            pg_cpu_at_gate = {pid: process_cpu_seconds(pid) for pid in backend_pids(url)}
             opened = open_gate(gate)
             wait_for(
                 lambda: system.remaining(url) == 0,
@@ -126,7 +138,11 @@ def trial(
                 what=f"{system.NAME} to finish {n} jobs",
             )
             worker_cpu = sum(w.cpu_seconds() for w in workers)
-            pg_cpu = sum(process_cpu_seconds(pid) for pid in backend_pids(url))
+            pg_cpus = {pid: process_cpu_seconds(pid) for pid in backend_pids(url)}
+            pg_cpu = sum(pg_cpus.values())
+            pg_cpu_in_window = sum(
+                cpu - pg_cpu_at_gate.get(pid, 0.0) for pid, cpu in pg_cpus.items()
+            )
     first, last = system.window(url)
     # Claims that waited at the gate carry the time they began waiting.
     seconds = last - max(first, opened)
@@ -143,6 +159,10 @@ def trial(
         "steady_jobs_per_s": (STEADY[1] - STEADY[0]) * n / max(steady_seconds, 1e-6),
         "worker_cpu_ms_per_job": worker_cpu * 1000 / n,
         "pg_cpu_ms_per_job": pg_cpu * 1000 / n,
+        # From the gate's opening to the last completion seen: what the
+        # burn-down itself cost, without each process's start.
+        "worker_cpu_in_window_ms_per_job": (worker_cpu - worker_cpu_at_gate) * 1000 / n,
+        "pg_cpu_in_window_ms_per_job": pg_cpu_in_window * 1000 / n,
     }
 
 
@@ -324,20 +344,13 @@ def summarize(
                 row[f"{name}_steady"] = median(
                     [r[name] for r in steady_by_round.values() if name in r]
                 )
-                row[f"{name}_pg_cpu_ms"] = median(
-                    [
-                        t["pg_cpu_ms_per_job"]
-                        for t in trials
-                        if t["system"] == name and t["procs"] == procs and t["concurrency"] == conc
-                    ]
-                )
-                row[f"{name}_worker_cpu_ms"] = median(
-                    [
-                        t["worker_cpu_ms_per_job"]
-                        for t in trials
-                        if t["system"] == name and t["procs"] == procs and t["concurrency"] == conc
-                    ]
-                )
+                cell = [
+                    t
+                    for t in trials
+                    if t["system"] == name and t["procs"] == procs and t["concurrency"] == conc
+                ]
+                for column, key in CPU_COLUMNS.items():
+                    row[f"{name}_{column}"] = median([t[key] for t in cell if key in t])
             peers = [n for n in names if n in PEERS]
             for variant in (n for n in names if n.startswith("runlane-")):
                 row[f"{variant}_over_runlane"] = median(

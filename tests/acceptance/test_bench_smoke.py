@@ -67,6 +67,9 @@ def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
         # burn-down's, so it is never longer.
         assert 0 < trial["steady_seconds"] <= trial["seconds"]
         assert trial["steady_jobs_per_s"] > 0
+        # The CPU from the gate's opening is part of the processes' whole.
+        assert 0 <= trial["worker_cpu_in_window_ms_per_job"] <= trial["worker_cpu_ms_per_job"]
+        assert 0 <= trial["pg_cpu_in_window_ms_per_job"] <= trial["pg_cpu_ms_per_job"]
     assert {t["system"] for t in data["trials"]} == set(names)
     for row in data["summary"]["rows"]:
         assert row["runlane_steady"] > 0
