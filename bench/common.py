@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -282,6 +283,30 @@ def wait_for(condition: Any, *, timeout: float, interval: float = 0.05, what: st
 
 
 # -- results ---------------------------------------------------------------------
+
+
+# The fields of a benchmarked system (a peer adapter module or an object
+# like it) that the figures use.
+SYSTEM_FIELDS = (
+    "NAME",
+    "QUEUE_TABLE",
+    "available",
+    "setup",
+    "reset",
+    "enqueue",
+    "remaining",
+    "window",
+    "steady_window",
+    "spawn_worker",
+    "probe",
+)
+
+
+def system_variant(system: Any, **changed: Any) -> SimpleNamespace:
+    """The same system with some of its fields changed (another name, a
+    driver, an enqueue): an adapter's variant, run as a system of its own."""
+    fields = {name: getattr(system, name) for name in SYSTEM_FIELDS if hasattr(system, name)}
+    return SimpleNamespace(**{**fields, **changed})
 
 
 def free_port() -> int:

@@ -36,12 +36,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 
-from bench.common import ROOT, Proc, completion_marks, spawn
+from bench.common import ROOT, Proc, completion_marks, spawn, system_variant
 
 NAME = "oban"
 # Where the throughput benchmark's start gate takes its lock.
@@ -235,17 +234,8 @@ async def _serve(url: str, concurrency: int, mode: str) -> None:
             print(json.dumps({"latencies": LATENCIES}), flush=True)
 
 
-WITHOUT_STATISTICS = SimpleNamespace(
-    NAME="oban-unanalyzed",
-    QUEUE_TABLE=QUEUE_TABLE,
-    available=available,
-    setup=setup,
-    reset=reset,
-    enqueue=enqueue_without_statistics,
-    remaining=remaining,
-    window=window,
-    steady_window=steady_window,
-    spawn_worker=spawn_worker,
+WITHOUT_STATISTICS = system_variant(
+    sys.modules[__name__], NAME="oban-unanalyzed", enqueue=enqueue_without_statistics
 )
 
 

@@ -26,15 +26,15 @@ import argparse
 import asyncio
 import json
 import signal
+import sys
 import time
 from datetime import timedelta
 from functools import partial
-from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 
-from bench.common import AGENT, Proc, completion_marks, spawn
+from bench.common import AGENT, Proc, completion_marks, spawn, system_variant
 
 NAME = "pgqueuer"
 # Where the throughput benchmark's start gate takes its lock.
@@ -226,16 +226,10 @@ def available_on_asyncpg() -> str | None:
 # PGQueuer with its asyncpg driver, as a system of the throughput and
 # wake-up figures: the same tables, jobs and settings, another driver (the
 # wake-up's probes enqueue through it too).
-ON_ASYNCPG = SimpleNamespace(
+ON_ASYNCPG = system_variant(
+    sys.modules[__name__],
     NAME="pgqueuer-asyncpg",
-    QUEUE_TABLE=QUEUE_TABLE,
     available=available_on_asyncpg,
-    setup=setup,
-    reset=reset,
-    enqueue=enqueue,
-    remaining=remaining,
-    window=window,
-    steady_window=steady_window,
     spawn_worker=partial(spawn_worker, driver="asyncpg"),
     probe=partial(probe, driver="asyncpg"),
 )
