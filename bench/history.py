@@ -13,7 +13,14 @@ live runs (pending, running and cancel_requested, every tenant, a page of
 50: ``RunStore.list_runs``), M/10 times (at least 5; added 2026-12-05:
 with so few live runs, a listing that walks the history to fill its page
 reads all of it). The probe runs are deleted at the end of the round, so
-every size stays exact. Target: each p50 of a submit and a claim within
+every size stays exact. Within a round the databases' operations are
+interleaved one by one (every database takes a step before the next, in
+an order that rotates), so that the machine's drift falls on every size
+alike; until the thirty-third session each database's operations ran
+after the last one's, seconds apart, and on that session's machine the
+same statement's p50 swung between 0.42 and 1.14 ms from one database's
+turn to the next, so the ratios moved by as much (BENCHMARKS.md,
+section 4). Target: each p50 of a submit and a claim within
 1.2x of the empty database's (the finish and the listing are reported).
 """
 
@@ -78,65 +85,88 @@ def fill_history(url: str, n: int) -> float:
     return time.monotonic() - started
 
 
-async def measure(url: str, m: int) -> dict[str, Any]:
+async def measure(urls: dict[int, str], m: int) -> dict[int, dict[str, Any]]:
+    """One round: every database's operations interleaved one by one, each
+    step in every database before the next (in an order that rotates), so
+    that the machine's drift from second to second falls on every size
+    alike. The result per history size."""
     from runlane.database import create_pool
-    from runlane.models import Outcome, RunStatus
+    from runlane.models import ClaimedRun, Outcome, RunStatus
     from runlane.service import RunService
     from runlane.settings import Settings
     from runlane.store import Finish, RunStore
 
-    pool = create_pool(url, min_size=1, max_size=2, check=False)
-    await pool.open()
-    store = RunStore(pool)
-    service = RunService(store, Settings(database_url=url))
-    submit, claim, finish, claim10, list_live = [], [], [], [], []
+    sizes = list(urls)
+    pools = {n: create_pool(url, min_size=1, max_size=2, check=False) for n, url in urls.items()}
+    for pool in pools.values():
+        await pool.open()
+    stores = {n: RunStore(pool) for n, pool in pools.items()}
+    services = {n: RunService(stores[n], Settings(database_url=urls[n])) for n in sizes}
+    ops = ("submit", "claim", "finish", "claim10", "list_live")
+    seconds: dict[int, dict[str, list[float]]] = {n: {op: [] for op in ops} for n in sizes}
+    claimed: dict[int, list[ClaimedRun]] = {n: [] for n in sizes}
+
+    def in_turn(step: int) -> list[int]:
+        k = step % len(sizes)
+        return sizes[k:] + sizes[:k]
+
     try:
-        for _ in range(m + 10 * m):
-            t = time.perf_counter()
-            await service.submit(AGENT, {"probe": True})
-            submit.append(time.perf_counter() - t)
+        for step in range(m + 10 * m):
+            for n in in_turn(step):
+                t = time.perf_counter()
+                await services[n].submit(AGENT, {"probe": True})
+                seconds[n]["submit"].append(time.perf_counter() - t)
         # Statistics as autovacuum would keep them (this server runs with
         # it off): the claim's plan depends on them, and a table analyzed
         # empty makes the empty database's claims read every pending run.
-        async with pool.connection() as conn:
-            await conn.execute("ANALYZE runlane.runs")
-        claimed = []
-        for _ in range(m):
-            t = time.perf_counter()
-            batch = await store.claim_batch(worker_id="bench-history", limit=1, lease_seconds=60)
-            claim.append(time.perf_counter() - t)
-            claimed.extend(batch)
-        for c in claimed:
-            t = time.perf_counter()
-            await store.finish_attempts_status([Finish(c.id, c.lease_token, Outcome.COMPLETED)])
-            finish.append(time.perf_counter() - t)
-        for _ in range(m):
-            t = time.perf_counter()
-            batch = await store.claim_batch(worker_id="bench-history", limit=10, lease_seconds=60)
-            claim10.append(time.perf_counter() - t)
-            await store.finish_attempts_status(
-                [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in batch]
-            )
-        for _ in range(5):
-            await service.submit(AGENT, {"probe": True})
-        await store.claim_batch(worker_id="bench-history", limit=2, lease_seconds=60)
+        for n in sizes:
+            async with pools[n].connection() as conn:
+                await conn.execute("ANALYZE runlane.runs")
+        for step in range(m):
+            for n in in_turn(step):
+                t = time.perf_counter()
+                batch = await stores[n].claim_batch(
+                    worker_id="bench-history", limit=1, lease_seconds=60
+                )
+                seconds[n]["claim"].append(time.perf_counter() - t)
+                claimed[n].extend(batch)
+        for step in range(m):
+            for n in in_turn(step):
+                if step < len(claimed[n]):
+                    c = claimed[n][step]
+                    t = time.perf_counter()
+                    await stores[n].finish_attempts_status(
+                        [Finish(c.id, c.lease_token, Outcome.COMPLETED)]
+                    )
+                    seconds[n]["finish"].append(time.perf_counter() - t)
+        for step in range(m):
+            for n in in_turn(step):
+                t = time.perf_counter()
+                batch = await stores[n].claim_batch(
+                    worker_id="bench-history", limit=10, lease_seconds=60
+                )
+                seconds[n]["claim10"].append(time.perf_counter() - t)
+                await stores[n].finish_attempts_status(
+                    [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in batch]
+                )
         live = [RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED]
-        for _ in range(max(5, m // 10)):
-            t = time.perf_counter()
-            listed = await store.list_runs(statuses=live, limit=50)
-            list_live.append(time.perf_counter() - t)
-            assert len(listed) == 5, len(listed)
+        for n in sizes:
+            for _ in range(5):
+                await services[n].submit(AGENT, {"probe": True})
+            await stores[n].claim_batch(worker_id="bench-history", limit=2, lease_seconds=60)
+        for step in range(max(5, m // 10)):
+            for n in in_turn(step):
+                t = time.perf_counter()
+                listed = await stores[n].list_runs(statuses=live, limit=50)
+                seconds[n]["list_live"].append(time.perf_counter() - t)
+                assert len(listed) == 5, len(listed)
     finally:
-        await pool.close()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DELETE FROM runlane.runs WHERE input ? 'probe'")
-    return {
-        "submit": latency_summary(submit),
-        "claim": latency_summary(claim),
-        "finish": latency_summary(finish),
-        "claim10": latency_summary(claim10),
-        "list_live": latency_summary(list_live),
-    }
+        for pool in pools.values():
+            await pool.close()
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM runlane.runs WHERE input ? 'probe'")
+    return {n: {op: latency_summary(seconds[n][op]) for op in ops} for n in sizes}
 
 
 def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> dict[str, Any]:
@@ -150,8 +180,8 @@ def run(size: str = "small", runs: int = 3, *, out_dir: Path | None = None) -> d
             fill_seconds[n] = fill_history(urls[n], n) if n else 0.0
             print(f"history {n:,}: filled in {fill_seconds[n]:.1f}s", flush=True)
         for rnd in range(runs):
-            for n, url in urls.items():
-                result = asyncio.run(measure(url, cfg["m"]))
+            results = asyncio.run(measure(urls, cfg["m"]))
+            for n, result in results.items():
                 rounds.append({"round": rnd, "history": n, **result})
                 print(
                     f"round {rnd} history {n:>9,}: submit p50"
