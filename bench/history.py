@@ -98,8 +98,6 @@ async def measure(urls: dict[int, str], m: int) -> dict[int, dict[str, Any]]:
 
     sizes = list(urls)
     pools = {n: create_pool(url, min_size=1, max_size=2, check=False) for n, url in urls.items()}
-    for pool in pools.values():
-        await pool.open()
     stores = {n: RunStore(pool) for n, pool in pools.items()}
     services = {n: RunService(stores[n], Settings(database_url=urls[n])) for n in sizes}
     ops = ("submit", "claim", "finish", "claim10", "list_live")
@@ -111,6 +109,8 @@ async def measure(urls: dict[int, str], m: int) -> dict[int, dict[str, Any]]:
         return sizes[k:] + sizes[:k]
 
     try:
+        for pool in pools.values():
+            await pool.open()
         for step in range(m + 10 * m):
             for n in in_turn(step):
                 t = time.perf_counter()
