@@ -30,8 +30,9 @@ import argparse
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -45,6 +46,8 @@ from bench.common import (
     print_table,
     write_results,
 )
+
+T = TypeVar("T")
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"history": [0, 1000], "m": 20},
@@ -108,14 +111,26 @@ async def measure(urls: dict[int, str], m: int) -> dict[int, dict[str, Any]]:
         k = step % len(sizes)
         return sizes[k:] + sizes[:k]
 
+    async def timed(n: int, op: str, call: Awaitable[T]) -> T:
+        t = time.perf_counter()
+        result = await call
+        seconds[n][op].append(time.perf_counter() - t)
+        return result
+
+    def finish(n: int, runs: list[ClaimedRun]) -> Awaitable[object]:
+        return stores[n].finish_attempts_status(
+            [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in runs]
+        )
+
+    def claim(n: int, limit: int) -> Awaitable[list[ClaimedRun]]:
+        return stores[n].claim_batch(worker_id="bench-history", limit=limit, lease_seconds=60)
+
     try:
         for pool in pools.values():
             await pool.open()
         for step in range(m + 10 * m):
             for n in in_turn(step):
-                t = time.perf_counter()
-                await services[n].submit(AGENT, {"probe": True})
-                seconds[n]["submit"].append(time.perf_counter() - t)
+                await timed(n, "submit", services[n].submit(AGENT, {"probe": True}))
         # Statistics as autovacuum would keep them (this server runs with
         # it off): the claim's plan depends on them, and a table analyzed
         # empty makes the empty database's claims read every pending run.
@@ -124,41 +139,22 @@ async def measure(urls: dict[int, str], m: int) -> dict[int, dict[str, Any]]:
                 await conn.execute("ANALYZE runlane.runs")
         for step in range(m):
             for n in in_turn(step):
-                t = time.perf_counter()
-                batch = await stores[n].claim_batch(
-                    worker_id="bench-history", limit=1, lease_seconds=60
-                )
-                seconds[n]["claim"].append(time.perf_counter() - t)
-                claimed[n].extend(batch)
+                claimed[n].extend(await timed(n, "claim", claim(n, 1)))
         for step in range(m):
             for n in in_turn(step):
                 if step < len(claimed[n]):
-                    c = claimed[n][step]
-                    t = time.perf_counter()
-                    await stores[n].finish_attempts_status(
-                        [Finish(c.id, c.lease_token, Outcome.COMPLETED)]
-                    )
-                    seconds[n]["finish"].append(time.perf_counter() - t)
+                    await timed(n, "finish", finish(n, [claimed[n][step]]))
         for step in range(m):
             for n in in_turn(step):
-                t = time.perf_counter()
-                batch = await stores[n].claim_batch(
-                    worker_id="bench-history", limit=10, lease_seconds=60
-                )
-                seconds[n]["claim10"].append(time.perf_counter() - t)
-                await stores[n].finish_attempts_status(
-                    [Finish(c.id, c.lease_token, Outcome.COMPLETED) for c in batch]
-                )
+                await finish(n, await timed(n, "claim10", claim(n, 10)))
         live = [RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED]
         for n in sizes:
             for _ in range(5):
                 await services[n].submit(AGENT, {"probe": True})
-            await stores[n].claim_batch(worker_id="bench-history", limit=2, lease_seconds=60)
+            await claim(n, 2)
         for step in range(max(5, m // 10)):
             for n in in_turn(step):
-                t = time.perf_counter()
-                listed = await stores[n].list_runs(statuses=live, limit=50)
-                seconds[n]["list_live"].append(time.perf_counter() - t)
+                listed = await timed(n, "list_live", stores[n].list_runs(statuses=live, limit=50))
                 assert len(listed) == 5, len(listed)
     finally:
         for pool in pools.values():
