@@ -350,7 +350,7 @@ def summarize(
                     if t["system"] == name and t["procs"] == procs and t["concurrency"] == conc
                 ]
                 for column, key in CPU_COLUMNS.items():
-                    row[f"{name}_{column}"] = median([t[key] for t in cell if key in t])
+                    row[f"{name}_{column}"] = median([t[key] for t in cell])
             peers = [n for n in names if n in PEERS]
             for variant in (n for n in names if n.startswith("runlane-")):
                 row[f"{variant}_over_runlane"] = median(
