@@ -2,12 +2,14 @@
 for sets of statuses, every tenant's page and one tenant's, with the
 statistics of a burst.
 
-    python -m bench.listing [--history 300000] [--backlog 0] [--calls 8]
-                            [--src OTHER_CHECKOUT/src] [--tag _s31] [--out-dir DIR]
+    python -m bench.listing [--history 300000] [--backlog 0] [--tenants 3]
+                            [--calls 8] [--src OTHER_CHECKOUT/src] [--tag _s31]
+                            [--out-dir DIR]
 
-One database: 40 runs submitted two days ago over three tenants (10 of
-them claimed), ``--history`` completed runs newer than those, one every
-100 ms, and with ``--backlog`` that many pending runs newer still; then
+One database: 40 runs submitted two days ago (10 of them claimed),
+``--history`` completed runs newer than those, one every 100 ms, and with
+``--backlog`` that many pending runs newer still, each set spread over
+``--tenants`` tenants (at least 2; ``t1`` is the one tenant listed); then
 ANALYZE. Each listing asks for a page of 50, ``--calls`` times on one
 connection (enough to be prepared), and reports the median of the calls.
 With ``--src``, another checkout's runlane lists the same database in a
@@ -46,26 +48,27 @@ STATUS_SETS: dict[str, list[str] | None] = {
 TENANTS: list[str | None] = [None, "t1"]
 
 
-def fill(url: str, history: int, backlog: int) -> None:
+def fill(url: str, history: int, backlog: int, tenants: int = 3) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
-            " SELECT 't' || (g % 3), 'a', '{}', 3, now() - interval '2 days'"
-            " FROM generate_series(1, 40) AS g"
+            " SELECT 't' || (g %% %(tenants)s), 'a', '{}', 3, now() - interval '2 days'"
+            " FROM generate_series(1, 40) AS g",
+            {"tenants": tenants},
         )
         conn.execute(
             "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, attempts,"
             " finished_at, created_at)"
-            " SELECT 't' || (g %% 3), 'a', '{}', 3, 'completed', 1, now(),"
-            " now() - g * interval '100 ms' FROM generate_series(1, %s) AS g",
-            (history,),
+            " SELECT 't' || (g %% %(tenants)s), 'a', '{}', 3, 'completed', 1, now(),"
+            " now() - g * interval '100 ms' FROM generate_series(1, %(n)s) AS g",
+            {"tenants": tenants, "n": history},
         )
         if backlog:
             conn.execute(
                 "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
-                " SELECT 't' || (g %% 3), 'a', '{}', 3, now() - g * interval '1 ms'"
-                " FROM generate_series(1, %s) AS g",
-                (backlog,),
+                " SELECT 't' || (g %% %(tenants)s), 'a', '{}', 3, now() - g * interval '1 ms'"
+                " FROM generate_series(1, %(n)s) AS g",
+                {"tenants": tenants, "n": backlog},
             )
         conn.execute("VACUUM ANALYZE runlane.runs, runlane.run_listing")
 
@@ -98,7 +101,7 @@ async def measure(url: str, calls: int) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with bench_database("listing") as url:
-        fill(url, args.history, args.backlog)
+        fill(url, args.history, args.backlog, args.tenants)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
                 "WITH picked AS (SELECT id FROM runlane.runs WHERE status = 'pending'"
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data = {
         "history": args.history,
         "backlog": args.backlog,
+        "tenants": args.tenants,
         "calls": args.calls,
         "src": args.src,
         "rows": here,
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--history", type=int, default=300_000)
     parser.add_argument("--backlog", type=int, default=0)
+    parser.add_argument(
+        "--tenants", type=int, default=3, help="tenants the runs spread over (>= 2)"
+    )
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--src", default=None, help="another checkout's src, measured after")
     parser.add_argument("--tag", default="")

@@ -52,13 +52,18 @@ EXCEPTIONAL_STATUSES = frozenset(
 LIVE_STATUSES = frozenset(RunStatus) - TERMINAL_STATUSES
 
 
-def listing_query(statuses: Sequence[RunStatus] | None) -> str:
+def listing_query(
+    statuses: Sequence[RunStatus] | None, *, tenant: str | None = None, user_id: str | None = None
+) -> str:
     """The named query that lists runs of these statuses (any when None),
-    for a set that one query lists (see listing_parts)."""
+    for a set that one query lists (see listing_parts), of the tenant or
+    owner given (every tenant's runs when neither is)."""
     if statuses and set(statuses) <= EXCEPTIONAL_STATUSES:
         return "list_exceptional_runs"
     if statuses and set(statuses) <= LIVE_STATUSES:
         return "list_live_runs"
+    if tenant is None and user_id is None:
+        return "list_runs_of_every_tenant"
     return "list_runs"
 
 
@@ -325,7 +330,8 @@ class RunStore:
         parts = listing_parts(statuses)
         if len(parts) == 1:
             rows = await self._fetch_all(
-                listing_query(parts[0]), {**params, "statuses": _status_texts(parts[0])}
+                listing_query(parts[0], tenant=tenant, user_id=user_id),
+                {**params, "statuses": _status_texts(parts[0])},
             )
             return [Run.from_row(row) for row in rows]
         rows = []
@@ -333,7 +339,8 @@ class RunStore:
             await conn.execute(self._sql["read_one_snapshot"])
             for part in parts:
                 cur = await conn.execute(
-                    self._sql[listing_query(part)], {**params, "statuses": _status_texts(part)}
+                    self._sql[listing_query(part, tenant=tenant, user_id=user_id)],
+                    {**params, "statuses": _status_texts(part)},
                 )
                 rows += await cur.fetchall()
         # The parts list disjoint statuses, each newest first: the page is

@@ -1133,6 +1133,58 @@ async def test_a_tenants_live_listing_behind_a_backlog_reads_a_page(
     assert read < 100, read
 
 
+@pytest.mark.parametrize("statuses", [None, ["pending"], ["pending", "running"]], ids=str)
+async def test_an_operators_listing_among_many_tenants_reads_a_page(
+    sql: Conn, statuses: list[str] | None
+) -> None:
+    # Without a tenant, a page was put together from a page of each tenant
+    # (300 tenants: 300 pages read for one), and the live runs of more than
+    # 16 tenants were read from the partial indexes, every pending run of a
+    # backlog (migration 0044). 300 tenants' histories, then a backlog of
+    # pending runs newer than them, every tenant's runs interleaved in time.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+        " created_at)"
+        " SELECT 't' || (g % 300), 'a', '{}', 3, 'completed', now(),"
+        " now() - interval '1 hour' - g * interval '1 second'"
+        " FROM generate_series(1, 3000) AS g"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
+        " SELECT 't' || (g % 300), 'a', '{}', 3, now() - g * interval '1 ms'"
+        " FROM generate_series(1, 3000) AS g"
+    )
+    sql.execute("ANALYZE runlane.runs, runlane.run_listing")
+    wanted = [RunStatus(s) for s in statuses] if statuses else None
+    assert len(listing_parts(wanted)) == 1
+    query = named_queries("queries.sql")[listing_query(wanted)]
+    params = {**list_params(statuses or [], None), "tenant": None, "statuses": statuses}
+    expected = [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs WHERE %s::text[] IS NULL OR status = ANY(%s)"
+            " ORDER BY created_at DESC, id DESC",
+            (statuses, statuses),
+        ).fetchall()
+    ]
+    pages: list[UUID] = []
+    for _ in range(3):
+        with sql.transaction(force_rollback=True):
+            before = listing_reads(sql)
+            cur = sql.execute(query, params)
+            page = cur.fetchall()
+            read = most_read(before, listing_reads(sql))
+        assert read < 100, read
+        columns = [c.name for c in cur.description or []]
+        pages += [row[columns.index("id")] for row in page]
+        params = {
+            **params,
+            "before_created_at": page[-1][columns.index("created_at")],
+            "before_id": page[-1][columns.index("id")],
+        }
+    assert pages == expected[:15]
+
+
 def add_busy_lanes(sql: Conn, n: int) -> None:
     """n other lanes of tenant t, each with a request queued."""
     sql.execute(

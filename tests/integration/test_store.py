@@ -796,6 +796,51 @@ async def test_listing_several_statuses_pages_through_them_newest_first(
     assert seen == expected
 
 
+@pytest.mark.parametrize(
+    "statuses",
+    [None, ["completed"], ["pending"], ["pending", "running"], ["pending", "failed"]],
+    ids=str,
+)
+@pytest.mark.parametrize("user_id", [None, "u1"])
+async def test_listing_without_a_tenant_pages_through_every_tenants_runs(
+    store: RunStore, sql: Conn, statuses: list[str] | None, user_id: str | None
+) -> None:
+    # Without a tenant, every tenant's runs are walked newest first through
+    # one index (migration 0044), or, with an owner, tenant by tenant; with
+    # more than 16 tenants an owner's live runs are read from the live
+    # runs' indexes. Every way must give the pages of a single ordered read:
+    # 20 tenants, two owners, runs of every status, two of each creation
+    # time (the run id breaks the tie).
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, status,"
+        " lease_token, lease_expires_at, worker_id, created_at)"
+        " SELECT 't' || (g %% 20), 'u' || (g / 3 %% 2), 'a', '{}', 3, s.status,"
+        " CASE WHEN s.status IN ('running', 'cancel_requested') THEN gen_random_uuid() END,"
+        " now() + interval '1 hour', 'w',"
+        " timestamptz '2026-01-01' + (g / 2) * interval '1 second'"
+        " FROM generate_series(0, 319) AS g,"
+        " LATERAL (SELECT (%s::text[])[1 + g %% 8] AS status) AS s",
+        ([str(s) for s in EVERY_STATUS],),
+    )
+    wanted = [RunStatus(s) for s in statuses] if statuses else None
+    expected = [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs WHERE (%s::text[] IS NULL OR status = ANY(%s))"
+            " AND (%s::text IS NULL OR user_id = %s) ORDER BY created_at DESC, id DESC",
+            (statuses, statuses, user_id, user_id),
+        ).fetchall()
+    ]
+    assert len(expected) > 8  # three pages or more
+    seen: list[uuid.UUID] = []
+    cursor = None
+    while page := await store.list_runs(user_id=user_id, statuses=wanted, limit=4, after=cursor):
+        assert len(page) <= 4
+        seen += [run.id for run in page]
+        cursor = RunCursor(page[-1].created_at, page[-1].id)
+    assert seen == expected
+
+
 @pytest.mark.parametrize("user_id", [None, "u"])
 async def test_a_tenants_live_runs_behind_its_newer_history_are_all_listed(
     store: RunStore, sql: Conn, user_id: str | None

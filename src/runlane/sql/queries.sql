@@ -108,13 +108,14 @@ WHERE r.id = %(run_id)s;
 -- A page is read through run_listing (migration 0030) in its order, by
 -- tenant or by owner, each listed run fetched by primary key and the
 -- other filters checked on it. The tenant is written so that it folds to a
--- constant when it is given (COALESCE of a constant). Without a tenant (an
--- operator's view) the tenants are found by skipping through
+-- constant when it is given (COALESCE of a constant). An owner's runs
+-- without a tenant: the tenants are found by skipping through
 -- run_listing_tenant_idx, one descent per tenant, and the page is the
 -- newest of their pages. (Read as one scan, every run ever stored was
 -- read and sorted for a page: 300,020 rows for 50 runs;
--- tests/integration/test_query_plans.py.) A listing of the rare statuses
--- alone is list_exceptional_runs.
+-- tests/integration/test_query_plans.py.) Without a tenant or an owner
+-- the listing is list_runs_of_every_tenant; of the rare statuses alone,
+-- list_exceptional_runs.
 WITH RECURSIVE tenants AS (
     SELECT coalesce(%(tenant)s::text,
                     (SELECT l.tenant FROM runlane.run_listing AS l
@@ -141,6 +142,27 @@ FROM tenants CROSS JOIN LATERAL (
     LIMIT %(limit)s
 ) AS page
 ORDER BY page.created_at DESC, page.id DESC
+LIMIT %(limit)s;
+
+-- name: list_runs_of_every_tenant
+-- list_runs without a tenant or an owner (an operator's view): every
+-- tenant's runs newest first, through run_listing_created_idx (migration
+-- 0044), each listed run fetched by primary key and the other filters
+-- checked on it. Put together from one page per tenant (list_runs), a page
+-- cost a page of every tenant: 1,000 tenants, 1,000 pages. The cursor is
+-- a bound of the index scan even in a generic plan (no cursor: the cursor
+-- after every run), as in runlane.walk_live_runs.
+SELECT r.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = r.request_id)
+           AS client_request_id
+FROM runlane.run_listing AS l JOIN runlane.runs AS r ON r.id = l.run_id
+WHERE l.created_at > '-infinity'  -- run_listing_created_idx's predicate (0044)
+  AND (l.created_at, l.run_id)
+      < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
+         coalesce(%(before_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+  AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s)
+  AND (%(statuses)s::text[] IS NULL OR r.status = ANY(%(statuses)s))
+  AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+ORDER BY l.created_at DESC, l.run_id DESC
 LIMIT %(limit)s;
 
 -- name: list_exceptional_runs
