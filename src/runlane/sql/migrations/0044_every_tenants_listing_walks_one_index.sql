@@ -23,7 +23,8 @@
 -- walk of every run, filtered, cheaper than the tenant's index (the walk
 -- of one of three tenants' runs read 148 entries for a page of 5;
 -- tests/integration/test_query_plans.py). A tenant with few runs among
--- millions would then walk them all.
+-- millions would then walk them all. (A run created at '-infinity', which
+-- no submit makes, would be left out of every tenant's listing.)
 CREATE INDEX run_listing_created_idx ON runlane.run_listing (created_at DESC, run_id DESC)
     WHERE created_at > '-infinity';
 
