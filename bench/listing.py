@@ -3,12 +3,14 @@ for sets of statuses, every tenant's page and one tenant's, with the
 statistics of a burst.
 
     python -m bench.listing [--history 300000] [--backlog 0] [--tenants 3]
-                            [--calls 8] [--src OTHER_CHECKOUT/src] [--tag _s31]
-                            [--out-dir DIR]
+                            [--failed 0] [--calls 8] [--src OTHER_CHECKOUT/src]
+                            [--tag _s31] [--out-dir DIR]
 
 One database: 40 runs submitted two days ago (10 of them claimed),
-``--history`` completed runs newer than those, one every 100 ms, and with
-``--backlog`` that many pending runs newer still, each set spread over
+``--history`` completed runs newer than those, one every 100 ms, with
+``--failed`` that many failed runs among them (one every 100 ms from an
+hour before the newest), and with ``--backlog`` that many pending runs
+newer still, each set spread over
 ``--tenants`` tenants (at least 2; ``t1`` is the one tenant listed); then
 ANALYZE. Each listing asks for a page of 50, ``--calls`` times on one
 connection (enough to be prepared), and reports the median of the calls.
@@ -48,7 +50,7 @@ STATUS_SETS: dict[str, list[str] | None] = {
 TENANTS: list[str | None] = [None, "t1"]
 
 
-def fill(url: str, history: int, backlog: int, tenants: int = 3) -> None:
+def fill(url: str, history: int, backlog: int, tenants: int = 3, failed: int = 0) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
@@ -63,6 +65,15 @@ def fill(url: str, history: int, backlog: int, tenants: int = 3) -> None:
             " now() - g * interval '100 ms' FROM generate_series(1, %(n)s) AS g",
             {"tenants": tenants, "n": history},
         )
+        if failed:
+            conn.execute(
+                "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, attempts,"
+                " finished_at, created_at)"
+                " SELECT 't' || (g %% %(tenants)s), 'a', '{}', 3, 'failed', 3, now(),"
+                " now() - interval '1 hour' - g * interval '100 ms'"
+                " FROM generate_series(1, %(n)s) AS g",
+                {"tenants": tenants, "n": failed},
+            )
         if backlog:
             conn.execute(
                 "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, created_at)"
@@ -101,7 +112,7 @@ async def measure(url: str, calls: int) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with bench_database("listing") as url:
-        fill(url, args.history, args.backlog, args.tenants)
+        fill(url, args.history, args.backlog, args.tenants, args.failed)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
                 "WITH picked AS (SELECT id FROM runlane.runs WHERE status = 'pending'"
@@ -129,6 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "history": args.history,
         "backlog": args.backlog,
         "tenants": args.tenants,
+        "failed": args.failed,
         "calls": args.calls,
         "src": args.src,
         "rows": here,
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tenants", type=int, default=3, help="tenants the runs spread over (>= 2)"
     )
+    parser.add_argument("--failed", type=int, default=0, help="failed runs among the history")
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--src", default=None, help="another checkout's src, measured after")
     parser.add_argument("--tag", default="")

@@ -69,19 +69,37 @@ class JsonbLoader(Loader):
 
 
 async def _configure(conn: AsyncConnection[DictRow]) -> None:
-    # Autocommit by default: every store call is one statement or opens an
-    # explicit short transaction.
-    await conn.set_autocommit(True)
-    conn.adapters.register_loader("jsonb", JsonbLoader)
+    await _configure_adapters(conn)
+    await conn.execute(SESSION_SETTINGS)
 
 
 async def _configure_in_utc(conn: AsyncConnection[DictRow]) -> None:
-    await _configure(conn)
+    await _configure_adapters(conn)
     # psycopg gives times of a session in UTC a fixed offset; in any other
     # zone (Etc/UTC included) it converts each through zoneinfo: 1.5 us of
     # the worker's CPU per claimed run, whose row has five times (twenty-
     # third session). PgBouncer keeps a client's TimeZone across servers.
-    await conn.execute("SET TimeZone = 'UTC'")
+    await conn.execute(SESSION_SETTINGS_IN_UTC)
+
+
+async def _configure_adapters(conn: AsyncConnection[DictRow]) -> None:
+    # Autocommit by default: every store call is one statement or opens an
+    # explicit short transaction (and the settings below open none).
+    await conn.set_autocommit(True)
+    conn.adapters.register_loader("jsonb", JsonbLoader)
+
+
+# No JIT compilation in runlane's sessions: its statements read a page or a
+# batch through indexes, yet a plan whose estimated cost passes
+# jit_above_cost (an operator's listing over a long history, estimated from
+# every row) was compiled at every call, prepared or not: 20-24 ms of
+# compiling for 0.3 ms of work (a page of failed runs among 320,000 runs,
+# thirty-fourth session, BENCHMARKS.md section 4). The SQL functions of the
+# hot path set jit = off themselves; this covers the plain statements.
+SESSION_SETTINGS = "SELECT set_config('jit', 'off', false)"
+SESSION_SETTINGS_IN_UTC = (
+    "SELECT set_config('jit', 'off', false), set_config('TimeZone', 'UTC', false)"
+)
 
 
 async def check_without_round_trip(conn: AsyncConnection[DictRow]) -> None:

@@ -220,16 +220,18 @@ def test_worker_cpu_smoke(mode: str, bench_env: str, tmp_path: Path) -> None:
 
 def test_listing_smoke(bench_env: str, tmp_path: Path) -> None:
     args = [
-        "--history", "300", "--backlog", "30", "--calls", "2", "--src", str(ROOT / "src"),
-        "--out-dir", str(tmp_path),
+        "--history", "1500", "--backlog", "30", "--tenants", "20", "--failed", "30",
+        "--calls", "2", "--src", str(ROOT / "src"), "--out-dir", str(tmp_path),
     ]  # fmt: skip
     listing.main(args)
     stored = json.loads((tmp_path / "listing_sync_off.json").read_text())
+    assert (stored["tenants"], stored["failed"]) == (20, 30)
     pages = {(row["tenant"], row["statuses"]): row["rows"] for row in stored["rows"]}
-    # 40 runs submitted first (10 of them claimed), 300 completed, 30
-    # pending newest: pages of 50 where there are more.
+    # 40 runs submitted first (10 of them claimed), 1,500 completed and 30
+    # failed among them, 30 pending newest, over 20 tenants: pages of 50
+    # where there are more.
     assert pages[(None, "running")] == 10
-    assert pages[(None, "running, dead, failed")] == 10
+    assert pages[(None, "running, dead, failed")] == 40
     assert pages[(None, "pending")] == pages[(None, "pending, running")] == 50
     assert pages[(None, "completed")] == pages[("t1", "any")] == 50
     assert [row["rows"] for row in stored["src_rows"]] == [row["rows"] for row in stored["rows"]]

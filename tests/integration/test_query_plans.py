@@ -1415,3 +1415,38 @@ async def test_a_long_lived_connections_queue_gauges_read_only_live_runs(
     assert gauges[0]["oldest_pending_seconds"] is not None
     assert gauges[1]["oldest_pending_seconds"] is None
     assert waiting == []
+
+
+@pytest.mark.parametrize("in_utc", [False, True], ids=["api", "worker"])
+async def test_runlanes_sessions_never_compile_a_statement(
+    db_url: str, sql: Conn, in_utc: bool
+) -> None:
+    # JIT compiling a plan costs tens of milliseconds at every call, and a
+    # listing whose estimate over a long history passed jit_above_cost was
+    # compiled at every call for well under a millisecond of work (thirty-
+    # fourth session). Here every statement's estimate passes it, for any
+    # session of this database, but runlane's.
+    sql.execute(
+        f'ALTER DATABASE "{sql.info.dbname}" SET jit_above_cost = 0;'
+        f' ALTER DATABASE "{sql.info.dbname}" SET jit_inline_above_cost = -1;'
+        f' ALTER DATABASE "{sql.info.dbname}" SET jit_optimize_above_cost = -1'
+    )
+    explain = "EXPLAIN (ANALYZE, TIMING OFF) " + ClientCursor(sql).mogrify(
+        named_queries("queries.sql")["list_exceptional_runs"],
+        {**list_params(["failed"], None), "tenant": None},
+    )
+    with psycopg.connect(db_url, autocommit=True) as other:
+        jit_available = other.execute("SELECT pg_jit_available()").fetchone() == (True,)
+        other_plan = "\n".join(str(row[0]) for row in other.execute(explain).fetchall())
+    # A session that is not runlane's compiles it, where the server can.
+    assert ("JIT:" in other_plan) == jit_available
+    pool = create_pool(db_url, min_size=1, max_size=1, check=False, in_utc=in_utc)
+    await pool.open()
+    try:
+        async with pool.connection() as conn:
+            setting = await (await conn.execute("SHOW jit")).fetchone()
+            rows = await (await conn.execute(explain)).fetchall()
+    finally:
+        await pool.close()
+    assert setting == {"jit": "off"}
+    assert not any("JIT:" in str(next(iter(row.values()))) for row in rows)

@@ -798,7 +798,15 @@ async def test_listing_several_statuses_pages_through_them_newest_first(
 
 @pytest.mark.parametrize(
     "statuses",
-    [None, ["completed"], ["pending"], ["pending", "running"], ["pending", "failed"]],
+    [
+        None,
+        ["completed"],
+        ["pending"],
+        ["pending", "running"],
+        ["pending", "failed"],
+        ["failed"],
+        ["dead", "cancelled", "interrupted"],
+    ],
     ids=str,
 )
 @pytest.mark.parametrize("user_id", [None, "u1"])
@@ -806,11 +814,12 @@ async def test_listing_without_a_tenant_pages_through_every_tenants_runs(
     store: RunStore, sql: Conn, statuses: list[str] | None, user_id: str | None
 ) -> None:
     # Without a tenant, every tenant's runs are walked newest first through
-    # one index (migration 0044), or, with an owner, tenant by tenant; with
-    # more than 16 tenants an owner's live runs are read from the live
-    # runs' indexes. Every way must give the pages of a single ordered read:
-    # 20 tenants, two owners, runs of every status, two of each creation
-    # time (the run id breaks the tie).
+    # one index (migration 0044), or, with an owner, tenant by tenant; the
+    # rare statuses are read tenant name hash by hash; with more than 16
+    # tenants an owner's live runs are read from the live runs' indexes.
+    # Every way must give the pages of a single ordered read: 20 tenants,
+    # two owners, runs of every status, two of each creation time (the run
+    # id breaks the tie).
     sql.execute(
         "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, status,"
         " lease_token, lease_expires_at, worker_id, created_at)"
