@@ -1185,6 +1185,49 @@ async def test_an_operators_listing_among_many_tenants_reads_a_page(
     assert pages == expected[:15]
 
 
+async def test_an_operators_page_of_rare_statuses_reads_a_head_per_tenant_not_a_page(
+    sql: Conn,
+) -> None:
+    # Without a tenant, the rare statuses are read tenant name hash by hash
+    # (runs_exceptional_listing_idx begins with the hash). Only the hashes
+    # whose newest run is among the page's newest can hold a run of the
+    # page: each hash costs its newest run, and only those few hashes a
+    # page. 200 tenants with 30 failed runs each, interleaved in time.
+    sql.execute(
+        "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, finished_at,"
+        " created_at)"
+        " SELECT 't' || (g % 200), 'a', '{}', 3, 'failed', now(),"
+        " now() - g * interval '1 ms' FROM generate_series(1, 6000) AS g"
+    )
+    sql.execute("ANALYZE runlane.runs, runlane.run_listing")
+    query = named_queries("queries.sql")["list_exceptional_runs"]
+    params = {**list_params(["failed"], None), "tenant": None, "limit": 20}
+    expected = [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs ORDER BY created_at DESC, id DESC"
+        ).fetchall()
+    ]
+    pages: list[UUID] = []
+    for _ in range(2):
+        with sql.transaction(force_rollback=True):
+            before = listing_reads(sql)
+            cur = sql.execute(query, params)
+            page = cur.fetchall()
+            read = most_read(before, listing_reads(sql))
+        # A page of each hash: 200 x 20 runs read. A head of each: 200,
+        # and a page of the 20 hashes holding the newest.
+        assert read < 1000, read
+        columns = [c.name for c in cur.description or []]
+        pages += [row[columns.index("id")] for row in page]
+        params = {
+            **params,
+            "before_created_at": page[-1][columns.index("created_at")],
+            "before_id": page[-1][columns.index("id")],
+        }
+    assert pages == expected[:40]
+
+
 def add_busy_lanes(sql: Conn, n: int) -> None:
     """n other lanes of tenant t, each with a request queued."""
     sql.execute(

@@ -175,7 +175,11 @@ LIMIT %(limit)s;
 -- for the tenant's hash and checks the tenant on the row, where the
 -- statistics of 0029 know that the two select the same rows. Without a
 -- tenant, the distinct hashes are skipped through in the index itself,
--- and a hash's page holds every tenant of that hash.
+-- and a hash's page holds every tenant of that hash. Only the hashes whose
+-- newest run of the page's kind (its head) is among the newest heads can
+-- hold a run of the page, so only theirs are read: a page of each hash
+-- read 20,000 failed runs for 50 among 1,000 tenants (thirty-fourth
+-- session, BENCHMARKS.md section 4).
 WITH RECURSIVE tenants AS (
     SELECT coalesce(hashtext(%(tenant)s::text),
                     (SELECT hashtext(r.tenant) FROM runlane.runs AS r
@@ -188,12 +192,30 @@ WITH RECURSIVE tenants AS (
             ORDER BY hashtext(r.tenant) LIMIT 1)
     FROM tenants AS t
     WHERE t.tenant_hash IS NOT NULL AND %(tenant)s::text IS NULL
+), heads AS (
+    SELECT tenants.tenant_hash
+    FROM tenants CROSS JOIN LATERAL (
+        SELECT runs.created_at, runs.id FROM runlane.runs
+        WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), tenants.tenant_hash)
+          AND (%(tenant)s::text IS NULL OR runs.tenant = %(tenant)s)
+          AND status IN ('failed', 'dead', 'cancelled', 'interrupted')
+          AND status = ANY(%(statuses)s::text[])
+          AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
+          AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
+          AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+          AND (%(before_created_at)s::timestamptz IS NULL
+               OR (created_at, id) < (%(before_created_at)s, %(before_id)s::uuid))
+        ORDER BY created_at DESC, id DESC
+        LIMIT 1
+    ) AS head
+    ORDER BY head.created_at DESC, head.id DESC
+    LIMIT %(limit)s
 )
 SELECT page.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = page.request_id)
            AS client_request_id
-FROM tenants CROSS JOIN LATERAL (
+FROM heads CROSS JOIN LATERAL (
     SELECT * FROM runlane.runs
-    WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), tenants.tenant_hash)
+    WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), heads.tenant_hash)
       AND (%(tenant)s::text IS NULL OR runs.tenant = %(tenant)s)
       AND status IN ('failed', 'dead', 'cancelled', 'interrupted')
       AND status = ANY(%(statuses)s::text[])
