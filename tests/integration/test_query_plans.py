@@ -429,6 +429,30 @@ def most_read(before: tuple[int, int], after: tuple[int, int]) -> int:
     return max(a - b for a, b in zip(after, before, strict=True))
 
 
+def list_pages(
+    sql: Conn, query: str, params: dict[str, Any], pages: int
+) -> tuple[list[UUID], list[int]]:
+    """The runs of the first ``pages`` pages of a listing, each page asked
+    with the cursor of the one before, and the most rows each page read
+    from one of runs and run_listing."""
+    ids: list[UUID] = []
+    reads: list[int] = []
+    for _ in range(pages):
+        with sql.transaction(force_rollback=True):
+            before = listing_reads(sql)
+            cur = sql.execute(query, params)
+            page = cur.fetchall()
+            reads.append(most_read(before, listing_reads(sql)))
+        columns = [c.name for c in cur.description or []]
+        ids += [row[columns.index("id")] for row in page]
+        params = {
+            **params,
+            "before_created_at": page[-1][columns.index("created_at")],
+            "before_id": page[-1][columns.index("id")],
+        }
+    return ids, reads
+
+
 def index_scans(sql: Conn, table: str) -> dict[str, int]:
     """Scans of each index of runlane.<table> not yet reported (as
     sequential_scans)."""
@@ -995,22 +1019,8 @@ async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
             (statuses, statuses),
         ).fetchall()
     ]
-    pages: list[UUID] = []
-    for _ in range(2):
-        with sql.transaction(force_rollback=True):
-            before = listing_reads(sql)
-            cur = sql.execute(query, params)
-            page = cur.fetchall()
-            read = most_read(before, listing_reads(sql))
-        assert read < 100
-        columns = [c.name for c in cur.description or []]
-        pages += [row[columns.index("id")] for row in page]
-        # The cursor: the (created_at, id) of the last run seen.
-        params = {
-            **params,
-            "before_created_at": page[-1][columns.index("created_at")],
-            "before_id": page[-1][columns.index("id")],
-        }
+    pages, reads = list_pages(sql, query, params, 2)
+    assert max(reads) < 100, reads
     assert pages == expected[:10]
 
 
@@ -1167,21 +1177,8 @@ async def test_an_operators_listing_among_many_tenants_reads_a_page(
             (statuses, statuses),
         ).fetchall()
     ]
-    pages: list[UUID] = []
-    for _ in range(3):
-        with sql.transaction(force_rollback=True):
-            before = listing_reads(sql)
-            cur = sql.execute(query, params)
-            page = cur.fetchall()
-            read = most_read(before, listing_reads(sql))
-        assert read < 100, read
-        columns = [c.name for c in cur.description or []]
-        pages += [row[columns.index("id")] for row in page]
-        params = {
-            **params,
-            "before_created_at": page[-1][columns.index("created_at")],
-            "before_id": page[-1][columns.index("id")],
-        }
+    pages, reads = list_pages(sql, query, params, 3)
+    assert max(reads) < 100, reads
     assert pages == expected[:15]
 
 
@@ -1208,23 +1205,11 @@ async def test_an_operators_page_of_rare_statuses_reads_a_head_per_tenant_not_a_
             "SELECT id FROM runlane.runs ORDER BY created_at DESC, id DESC"
         ).fetchall()
     ]
-    pages: list[UUID] = []
-    for _ in range(2):
-        with sql.transaction(force_rollback=True):
-            before = listing_reads(sql)
-            cur = sql.execute(query, params)
-            page = cur.fetchall()
-            read = most_read(before, listing_reads(sql))
-        # A page of each hash: 200 x 20 runs read. A head of each: 200,
-        # and a page of the 20 hashes holding the newest.
-        assert read < 1000, read
-        columns = [c.name for c in cur.description or []]
-        pages += [row[columns.index("id")] for row in page]
-        params = {
-            **params,
-            "before_created_at": page[-1][columns.index("created_at")],
-            "before_id": page[-1][columns.index("id")],
-        }
+    pages, reads = list_pages(sql, query, params, 2)
+    # A page of each hash: 200 x 20 runs read (4,200 with the skip through
+    # the hashes). A head of each, and a page of the 20 hashes holding the
+    # newest heads: 800.
+    assert max(reads) < 1000, reads
     assert pages == expected[:40]
 
 

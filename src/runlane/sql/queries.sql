@@ -195,6 +195,7 @@ WITH RECURSIVE tenants AS (
 ), heads AS (
     SELECT tenants.tenant_hash
     FROM tenants CROSS JOIN LATERAL (
+        -- The page's conditions, below, each hash's newest run alone.
         SELECT runs.created_at, runs.id FROM runlane.runs
         WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), tenants.tenant_hash)
           AND (%(tenant)s::text IS NULL OR runs.tenant = %(tenant)s)
