@@ -429,6 +429,19 @@ def most_read(before: tuple[int, int], after: tuple[int, int]) -> int:
     return max(a - b for a, b in zip(after, before, strict=True))
 
 
+def newest_first(sql: Conn, statuses: list[str] | None) -> list[UUID]:
+    """Every run of these statuses (any when None), as a listing of every
+    tenant orders them."""
+    return [
+        row[0]
+        for row in sql.execute(
+            "SELECT id FROM runlane.runs WHERE %s::text[] IS NULL OR status = ANY(%s)"
+            " ORDER BY created_at DESC, id DESC",
+            (statuses, statuses),
+        ).fetchall()
+    ]
+
+
 def list_pages(
     sql: Conn, query: str, params: dict[str, Any], pages: int
 ) -> tuple[list[UUID], list[int]]:
@@ -1011,14 +1024,7 @@ async def test_listing_runs_of_every_tenant_reads_a_page_not_the_history(
         listing_query([RunStatus(s) for s in statuses] if statuses else None)
     ]
     params = {**list_params(statuses or [], None), "tenant": None, "statuses": statuses}
-    expected = [
-        row[0]
-        for row in sql.execute(
-            "SELECT id FROM runlane.runs WHERE %s::text[] IS NULL OR status = ANY(%s)"
-            " ORDER BY created_at DESC, id DESC",
-            (statuses, statuses),
-        ).fetchall()
-    ]
+    expected = newest_first(sql, statuses)
     pages, reads = list_pages(sql, query, params, 2)
     assert max(reads) < 100, reads
     assert pages == expected[:10]
@@ -1169,14 +1175,7 @@ async def test_an_operators_listing_among_many_tenants_reads_a_page(
     assert len(listing_parts(wanted)) == 1
     query = named_queries("queries.sql")[listing_query(wanted)]
     params = {**list_params(statuses or [], None), "tenant": None, "statuses": statuses}
-    expected = [
-        row[0]
-        for row in sql.execute(
-            "SELECT id FROM runlane.runs WHERE %s::text[] IS NULL OR status = ANY(%s)"
-            " ORDER BY created_at DESC, id DESC",
-            (statuses, statuses),
-        ).fetchall()
-    ]
+    expected = newest_first(sql, statuses)
     pages, reads = list_pages(sql, query, params, 3)
     assert max(reads) < 100, reads
     assert pages == expected[:15]
@@ -1199,12 +1198,7 @@ async def test_an_operators_page_of_rare_statuses_reads_a_head_per_tenant_not_a_
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")
     query = named_queries("queries.sql")["list_exceptional_runs"]
     params = {**list_params(["failed"], None), "tenant": None, "limit": 20}
-    expected = [
-        row[0]
-        for row in sql.execute(
-            "SELECT id FROM runlane.runs ORDER BY created_at DESC, id DESC"
-        ).fetchall()
-    ]
+    expected = newest_first(sql, ["failed"])
     pages, reads = list_pages(sql, query, params, 2)
     # A page of each hash: 200 x 20 runs read (4,200 with the skip through
     # the hashes). A head of each, and a page of the 20 hashes holding the
