@@ -59,7 +59,11 @@ def listing_query(
     for a set that one query lists (see listing_parts), of the tenant or
     owner given (every tenant's runs when neither is)."""
     if statuses and set(statuses) <= EXCEPTIONAL_STATUSES:
-        return "list_exceptional_runs"
+        return (
+            "list_exceptional_runs"
+            if tenant is not None
+            else "list_exceptional_runs_of_every_tenant"
+        )
     if statuses and set(statuses) <= LIVE_STATUSES:
         return "list_live_runs"
     if tenant is None and user_id is None:

@@ -948,7 +948,9 @@ async def test_listing_runs_of_a_rare_status_reads_only_those_runs(
         (status,),
     )
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")
-    query = named_queries("queries.sql")[listing_query([RunStatus(status)])]
+    query = named_queries("queries.sql")[
+        listing_query([RunStatus(status)], tenant="default", user_id=user_id)
+    ]
     with sql.transaction(force_rollback=True):
         before = listing_reads(sql)
         listed = sql.execute(query, list_params([status], user_id)).fetchall()
@@ -1064,7 +1066,7 @@ async def test_listing_live_runs_with_others_reads_their_indexes_not_the_history
         with sql.transaction(force_rollback=True):
             before = listing_reads(sql)
             rows = sql.execute(
-                named_queries("queries.sql")[listing_query(part)],
+                named_queries("queries.sql")[listing_query(part, tenant=tenant)],
                 {**params, "statuses": [str(s) for s in part]},
             ).fetchall()
             read = most_read(before, listing_reads(sql))
@@ -1100,7 +1102,7 @@ async def test_listing_live_runs_after_a_burst_reads_the_live_runs_only(
     claimed = await store.claim_batch(worker_id="w", limit=1, lease_seconds=300)
     assert len(claimed) == 1
     wanted = [RunStatus(s) for s in statuses]
-    query = named_queries("queries.sql")[listing_query(wanted)]
+    query = named_queries("queries.sql")[listing_query(wanted, tenant=tenant)]
     params = {**list_params(statuses, None), "tenant": tenant}
     live = sql.execute(
         "SELECT count(*) FROM runlane.runs WHERE status = ANY(%s)", (statuses,)
@@ -1196,7 +1198,7 @@ async def test_an_operators_page_of_rare_statuses_reads_a_head_per_tenant_not_a_
         " now() - g * interval '1 ms' FROM generate_series(1, 6000) AS g"
     )
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")
-    query = named_queries("queries.sql")["list_exceptional_runs"]
+    query = named_queries("queries.sql")["list_exceptional_runs_of_every_tenant"]
     params = {**list_params(["failed"], None), "tenant": None, "limit": 20}
     expected = newest_first(sql, ["failed"])
     pages, reads = list_pages(sql, query, params, 2)
@@ -1454,7 +1456,7 @@ async def test_runlanes_sessions_never_compile_a_statement(
         f' ALTER DATABASE "{sql.info.dbname}" SET jit_optimize_above_cost = -1'
     )
     explain = "EXPLAIN (ANALYZE, TIMING OFF) " + ClientCursor(sql).mogrify(
-        named_queries("queries.sql")["list_exceptional_runs"],
+        named_queries("queries.sql")["list_exceptional_runs_of_every_tenant"],
         {**list_params(["failed"], None), "tenant": None},
     )
     with psycopg.connect(db_url, autocommit=True) as other:

@@ -166,39 +166,53 @@ ORDER BY l.created_at DESC, l.run_id DESC
 LIMIT %(limit)s;
 
 -- name: list_exceptional_runs
--- list_runs for statuses that are all among failed, dead, cancelled and
--- interrupted (RunStore decides): read through
+-- list_runs of a tenant for statuses that are all among failed, dead,
+-- cancelled and interrupted (RunStore decides): read through
 -- runs_exceptional_listing_idx, which holds only those runs, instead of
 -- walking every run of the tenant for a few of them. The status list is
 -- written out as the index's predicate, so that even a generic plan may
 -- use the index. Its key begins with hashtext(tenant) (0029): a page asks
 -- for the tenant's hash and checks the tenant on the row, where the
--- statistics of 0029 know that the two select the same rows. Without a
--- tenant, the distinct hashes are skipped through in the index itself,
--- and a hash's page holds every tenant of that hash. Only the hashes whose
--- newest run of the page's kind (its head) is among the newest heads can
--- hold a run of the page, so only theirs are read: a page of each hash
--- read 20,000 failed runs for 50 among 1,000 tenants (thirty-fourth
--- session, BENCHMARKS.md section 4).
+-- statistics of 0029 know that the two select the same rows.
+SELECT runs.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = runs.request_id)
+           AS client_request_id
+FROM runlane.runs
+WHERE hashtext(runs.tenant) = hashtext(%(tenant)s::text) AND runs.tenant = %(tenant)s
+  AND status IN ('failed', 'dead', 'cancelled', 'interrupted')
+  AND status = ANY(%(statuses)s::text[])
+  AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
+  AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_created_at)s, %(before_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: list_exceptional_runs_of_every_tenant
+-- list_exceptional_runs without a tenant (an operator's view, maybe of
+-- one owner): the distinct tenant name hashes are skipped through in
+-- runs_exceptional_listing_idx itself, and a hash's runs are every tenant's
+-- of that hash. Only the hashes whose newest run of the page's kind (its
+-- head) is among the newest heads can hold a run of the page, so only
+-- theirs are read: a page of each hash read 20,000 failed runs for 50
+-- among 1,000 tenants (thirty-fourth session, BENCHMARKS.md section 4).
 WITH RECURSIVE tenants AS (
-    SELECT coalesce(hashtext(%(tenant)s::text),
-                    (SELECT hashtext(r.tenant) FROM runlane.runs AS r
-                     WHERE r.status IN ('failed', 'dead', 'cancelled', 'interrupted')
-                     ORDER BY hashtext(r.tenant) LIMIT 1)) AS tenant_hash
+    (SELECT hashtext(r.tenant) AS tenant_hash FROM runlane.runs AS r
+     WHERE r.status IN ('failed', 'dead', 'cancelled', 'interrupted')
+     ORDER BY hashtext(r.tenant) LIMIT 1)
     UNION ALL
     SELECT (SELECT hashtext(r.tenant) FROM runlane.runs AS r
             WHERE r.status IN ('failed', 'dead', 'cancelled', 'interrupted')
               AND hashtext(r.tenant) > t.tenant_hash
             ORDER BY hashtext(r.tenant) LIMIT 1)
     FROM tenants AS t
-    WHERE t.tenant_hash IS NOT NULL AND %(tenant)s::text IS NULL
+    WHERE t.tenant_hash IS NOT NULL
 ), heads AS (
     SELECT tenants.tenant_hash
     FROM tenants CROSS JOIN LATERAL (
         -- The page's conditions, below, each hash's newest run alone.
         SELECT runs.created_at, runs.id FROM runlane.runs
-        WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), tenants.tenant_hash)
-          AND (%(tenant)s::text IS NULL OR runs.tenant = %(tenant)s)
+        WHERE hashtext(runs.tenant) = tenants.tenant_hash
           AND status IN ('failed', 'dead', 'cancelled', 'interrupted')
           AND status = ANY(%(statuses)s::text[])
           AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
@@ -216,8 +230,7 @@ SELECT page.*, (SELECT q.request_id FROM runlane.requests AS q WHERE q.id = page
            AS client_request_id
 FROM heads CROSS JOIN LATERAL (
     SELECT * FROM runlane.runs
-    WHERE hashtext(runs.tenant) = coalesce(hashtext(%(tenant)s::text), heads.tenant_hash)
-      AND (%(tenant)s::text IS NULL OR runs.tenant = %(tenant)s)
+    WHERE hashtext(runs.tenant) = heads.tenant_hash
       AND status IN ('failed', 'dead', 'cancelled', 'interrupted')
       AND status = ANY(%(statuses)s::text[])
       AND (%(user_id)s::text IS NULL OR user_id = %(user_id)s)
