@@ -56,8 +56,8 @@ def listing_query(
     statuses: Sequence[RunStatus] | None, *, tenant: str | None = None, user_id: str | None = None
 ) -> str:
     """The named query that lists runs of these statuses (any when None),
-    for a set that one query lists (see listing_parts), of the tenant or
-    owner given (every tenant's runs when neither is)."""
+    for a set that one query lists (see listing_parts): the tenant's runs,
+    or without a tenant every tenant's (of the owner, if given)."""
     if statuses and set(statuses) <= EXCEPTIONAL_STATUSES:
         return (
             "list_exceptional_runs"

@@ -115,7 +115,8 @@ WHERE r.id = %(run_id)s;
 -- read and sorted for a page: 300,020 rows for 50 runs;
 -- tests/integration/test_query_plans.py.) Without a tenant or an owner
 -- the listing is list_runs_of_every_tenant; of the rare statuses alone,
--- list_exceptional_runs.
+-- list_exceptional_runs (list_exceptional_runs_of_every_tenant without a
+-- tenant).
 WITH RECURSIVE tenants AS (
     SELECT coalesce(%(tenant)s::text,
                     (SELECT l.tenant FROM runlane.run_listing AS l
