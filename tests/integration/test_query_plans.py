@@ -504,13 +504,23 @@ def add_pending_runs(sql: Conn, n: int) -> None:
     )
 
 
+def cap_the_tenant(sql: Conn) -> None:
+    """A cap the runs' tenant never reaches: from now on every claim is the
+    capped claim (runlane.claim_capped_runs)."""
+    sql.execute("INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)")
+
+
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("agents", [["a"], None], ids=["by-agent", "any-agent"])
 async def test_a_claim_planned_on_an_empty_queue_reads_only_what_it_claims(
-    sql: Conn, agents: list[str] | None
+    sql: Conn, agents: list[str] | None, capped: bool
 ) -> None:
     # The claim keeps its plans for the session: the first ones are made
     # here, on a table analyzed empty, where a sequential scan and a sort
-    # look cheapest. Then a backlog arrives, unseen by the statistics.
+    # look cheapest. Then a backlog arrives, unseen by the statistics. The
+    # capped claim keeps its plans too (migration 0045).
+    if capped:
+        cap_the_tenant(sql)
     claim = named_queries("queries.sql")["claim_batch"]
     params = claim_params(agents, 5)
     sql.execute("ANALYZE runlane.runs")
@@ -524,15 +534,19 @@ async def test_a_claim_planned_on_an_empty_queue_reads_only_what_it_claims(
         assert rows_read(sql, "runs") - before < 100
 
 
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("agents", [["a"], None], ids=["by-agent", "any-agent"])
 async def test_a_claim_planned_on_one_run_reads_only_claim_indexes(
-    sql: Conn, agents: list[str] | None
+    sql: Conn, agents: list[str] | None, capped: bool
 ) -> None:
     # The claim's plans are made at its first claim, here of the only run
     # in a table emptied since its statistics were taken, where every index
     # holding `id` looked as cheap as the primary key (the plan 0012 kept in
     # the wake-up benchmark read runs_owner_listing_idx whole); they are
-    # kept when the table has grown.
+    # kept when the table has grown. The capped claim counts the tenant's
+    # running runs through the index of leased runs as well.
+    if capped:
+        cap_the_tenant(sql)
     claim = named_queries("queries.sql")["claim_batch"]
     params = claim_params(agents, 10)
     add_pending_runs(sql, 3000)
@@ -547,7 +561,8 @@ async def test_a_claim_planned_on_one_run_reads_only_claim_indexes(
         assert len(sql.execute(claim, params).fetchall()) == 10
         scans_after = index_scans(sql, "runs")
         scanned = {name for name, n in scans_after.items() if n > scans_before[name]}
-        assert scanned <= CLAIM_INDEXES, scanned
+        counted = {"runs_leased_idx"} if capped else set()
+        assert scanned <= CLAIM_INDEXES | counted, scanned
         assert rows_read(sql, "runs") - rows_before < 100
 
 
