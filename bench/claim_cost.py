@@ -4,6 +4,7 @@ costs whatever its size, and what each run in it adds.
     python -m bench.claim_cost [--batches 1,10,50,200] [--runs-per-size 4000]
                                [--rounds 3] [--peers pgqueuer] [--tag _s10]
                                [--sql "CREATE OR REPLACE FUNCTION ..."]
+                               [--tenant-cap 100000]
 
 One connection (the worker's ``RunStore``, its prepared statements) claims
 ``k`` runs and finishes them (``completed``), over and over, on a queue of
@@ -19,7 +20,11 @@ benchmark's (``RUNLANE_BENCH_SYNCHRONOUS_COMMIT``, default on). Results:
 ``bench/results/claim_cost{tag}.json``. With ``--sql``, an experiment: a
 second database gets that SQL after its migrations, and its rounds
 alternate with those of the database as migrated, so that a schema or
-function change is a before/after measured in the same rounds.
+function change is a before/after measured in the same rounds. With
+``--tenant-cap N`` the runs' tenant has a cap of N running runs (set it
+above the largest batch): while any tenant has a cap every claim is the
+capped claim (``runlane.claim_capped_runs``), which this measures instead
+of the uncapped one.
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ async def backend_cpu_us(pid: int, call: Callable[[], Awaitable[Any]], times: in
     return (process_cpu_seconds(pid) - before) / times * 1e6
 
 
-async def measure(url: str, batches: list[int], runs_per_size: int) -> dict[str, float]:
+async def measure(
+    url: str, batches: list[int], runs_per_size: int, tenant_cap: int | None = None
+) -> dict[str, float]:
     from runlane.database import create_pool
     from runlane.models import Outcome
     from runlane.store import Finish, RunStore
@@ -70,6 +77,13 @@ async def measure(url: str, batches: list[int], runs_per_size: int) -> dict[str,
             runlane_system.reset(url)
             pairs = max(20, runs_per_size // k)
             runlane_system.enqueue(url, (pairs + 5) * k)
+            if tenant_cap is not None:
+                async with pool.connection() as conn:
+                    await conn.execute(
+                        "INSERT INTO runlane.tenant_limits (tenant, max_running)"
+                        " VALUES ('default', %s)",
+                        (tenant_cap,),
+                    )
 
             async def claim_and_finish(k: int = k) -> None:
                 claimed = await store.claim_batch(
@@ -159,6 +173,7 @@ def run(
     tag: str = "",
     sql: str | None = None,
     out_dir: Any = None,
+    tenant_cap: int | None = None,
 ) -> dict[str, Any]:
     trials: list[dict[str, float]] = []
     sql_trials: list[dict[str, float]] = []
@@ -176,11 +191,11 @@ def run(
             with psycopg.connect(sql_url, autocommit=True) as conn:
                 conn.execute(sql)
         for i in range(rounds):
-            trial = asyncio.run(measure(url, batches, runs_per_size))
+            trial = asyncio.run(measure(url, batches, runs_per_size, tenant_cap))
             trials.append(trial)
             print_round(f"round {i}", trial)
             if sql_url:
-                trial = asyncio.run(measure(sql_url, batches, runs_per_size))
+                trial = asyncio.run(measure(sql_url, batches, runs_per_size, tenant_cap))
                 sql_trials.append(trial)
                 print_round(f"round {i} with --sql", trial)
     if with_pgqueuer:
@@ -241,6 +256,7 @@ def run(
             "runs_per_size": runs_per_size,
             "trials": trials,
             "sql": sql,
+            "tenant_cap": tenant_cap,
             "sql_trials": sql_trials,
             "pgqueuer_trials": peer_trials,
             "summary": summary,
@@ -260,10 +276,24 @@ def main() -> None:
     parser.add_argument(
         "--sql", default=None, help="experiment: SQL run on a second database, rounds alternating"
     )
+    parser.add_argument(
+        "--tenant-cap",
+        type=int,
+        default=None,
+        help="a cap of this many running runs on the runs' tenant: every claim is the capped one",
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     peers = [p for p in args.peers.split(",") if p]
-    run(batches, args.runs_per_size, args.rounds, peers=peers, tag=args.tag, sql=args.sql)
+    run(
+        batches,
+        args.runs_per_size,
+        args.rounds,
+        peers=peers,
+        tag=args.tag,
+        sql=args.sql,
+        tenant_cap=args.tenant_cap,
+    )
 
 
 if __name__ == "__main__":

@@ -265,6 +265,17 @@ def test_claim_cost_sql_experiment_smoke(bench_env: str, tmp_path: Path) -> None
     assert len(stored["trials"]) == len(stored["sql_trials"]) == 1
 
 
+def test_claim_cost_tenant_cap_smoke(bench_env: str, tmp_path: Path) -> None:
+    # With a cap on the runs' tenant every claim is the capped claim, and
+    # the cap holds: claims of 3 under a cap of 1 come back short.
+    summary = claim_cost.run([1, 3], 6, 1, tenant_cap=100, out_dir=tmp_path)
+    assert set(summary["medians_us"]) == {"pair_1", "pair_3", "select_1", "insert_one_row"}
+    stored = json.loads((tmp_path / "claim_cost_sync_off.json").read_text())
+    assert stored["tenant_cap"] == 100
+    with pytest.raises(AssertionError, match="the queue ran out"):
+        claim_cost.run([3], 6, 1, tenant_cap=1, out_dir=tmp_path)
+
+
 @pytest.mark.parametrize("submit_each", [False, True], ids=["batch", "each"])
 def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
     # Counted, not timed: without the indexes of leased and of finished
