@@ -641,9 +641,7 @@ async def test_a_claims_attempt_rows_cost_no_read_of_runs(sql: Conn, capped: boo
     # With a tenant cap in place the capped claim runs, without one the
     # uncapped claim.
     if capped:
-        sql.execute(
-            "INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)"
-        )
+        cap_the_tenant(sql)
     claim = named_queries("queries.sql")["claim_batch"]
     params = claim_params(None, 1)
     add_pending_runs(sql, 20)
@@ -676,7 +674,7 @@ async def test_a_capped_claim_counts_a_tenants_running_runs_after_a_burst(sql: C
     # every call from the statistics at hand. Taken during a burst, they say
     # most runs are running; once those runs have finished, a count that
     # trusted them read the whole table for each capped tenant (0038).
-    sql.execute("INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)")
+    cap_the_tenant(sql)
     claim = named_queries("queries.sql")["claim_batch"]
     finish_a_burst_analyzed_while_leased(sql)
     add_pending_runs(sql, 20)
@@ -908,9 +906,7 @@ async def test_a_claim_for_one_agent_reads_only_that_agents_runs(sql: Conn, capp
     # worker's agent behind it. With a tenant cap in place the capped claim
     # runs (migration 0020), without one the uncapped claim (0014).
     if capped:
-        sql.execute(
-            "INSERT INTO runlane.tenant_limits (tenant, max_running) VALUES ('default', 10000)"
-        )
+        cap_the_tenant(sql)
     claim = named_queries("queries.sql")["claim_batch"]
     params = claim_params(["a"], 5)
     sql.execute(
