@@ -3,11 +3,12 @@
 --
 -- While any tenant has a cap, every claim is runlane.claim_capped_runs,
 -- which planned its seven statements again on every call
--- (force_custom_plan, since 0009). A claim of 10 runs on one connection
--- took 1.3-1.6 ms that way against 0.7-0.9 ms with its plans kept
--- (thirty-fifth session, PostgreSQL 15, 40,000 runs pending; BENCHMARKS.md
--- section 1): planning was about 45% of a small capped claim, and the
--- claim of a worker that has a few free slots is small.
+-- (force_custom_plan, since 0009). Measured in the thirty-fifth session
+-- (PostgreSQL 15; BENCHMARKS.md, *Where the time goes*): a claim of 10
+-- runs and its outcome cost the backend 1,738 us of CPU that way against
+-- 1,075 with its plans kept, a claim of one run 1,409 against 759; timed
+-- on one connection with 40,000 runs pending, a claim of 10 took 1.41 ms
+-- against 1.00. The claim of a worker that has a few free slots is small.
 --
 -- A kept plan must not be one that only suits the table as it was when it
 -- was made: on a queue analyzed empty, a sequential or bitmap scan and a
