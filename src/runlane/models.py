@@ -183,9 +183,11 @@ class ClaimedRun:
 
     @classmethod
     def from_pushed_json(cls, row: dict[str, Any], deadline_in_seconds: float | None) -> ClaimedRun:
-        """A pushed run, from its row as PostgreSQL's ``to_json`` writes it
-        (what a push's NOTIFY carries): ids and times as text, jsonb columns
-        as the JSON they hold, as psycopg would have decoded them."""
+        """A pushed run, from the claim's columns of its row as PostgreSQL
+        writes them in JSON (what a push's NOTIFY carries): ids and times as
+        text, jsonb columns as the JSON they hold, as psycopg would have
+        decoded them. Other keys are ignored (a lane's push, migration
+        0035, carries the whole row)."""
         if row["lease_token"] is None:
             raise ValueError("a pushed run without a lease")
         steer = row["steer_requested_at"]

@@ -359,6 +359,12 @@ async def test_a_pushed_runs_notification_carries_the_run_as_stored(
         )
         message = json.loads((await anext(notices)).payload)
         assert message["worker_id"] == "w-1"
+        # The claim's columns, no more: the payload is built and decoded on
+        # every pushed run's wake-up.
+        assert set(message["run"]) == set(ClaimedRun.__dataclass_fields__) - {
+            "deadline_in_seconds",
+            "pushed",
+        }
         pushed = ClaimedRun.from_pushed_json(message["run"], message["deadline_in_seconds"])
         assert claimed_as_stored(pushed, await service.get(run.id)) == {}
         assert pushed.pushed and pushed.input == run.input and pushed.budget == run.budget

@@ -11,7 +11,7 @@ from runlane import models
 
 
 def test_a_pushed_runs_json_gives_every_id_and_time_its_type() -> None:
-    # A push's NOTIFY carries the run as PostgreSQL's to_json writes it: ids
+    # A push's NOTIFY carries the run as PostgreSQL writes it in JSON: ids
     # and times as text. ClaimedRun.from_pushed_json must turn each field
     # typed UUID or datetime back into that type, as a claim's row has it.
     hints = typing.get_type_hints(models.ClaimedRun)
