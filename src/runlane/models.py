@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -182,12 +182,46 @@ class ClaimedRun:
     pushed: bool = False
 
     @classmethod
+    def from_pushed_claim(cls, values: list[Any], deadline_in_seconds: float | None) -> ClaimedRun:
+        """A pushed run, from the claim's columns in this class's order as
+        PostgreSQL writes them in a JSON array (what a submit's push
+        carries, ``insert_run``): ids and times as text, jsonb columns as
+        the JSON they hold, as psycopg would have decoded them."""
+        if len(values) != _CLAIM_COLUMNS:
+            raise ValueError(f"a pushed claim of {len(values)} columns")
+        (run_id, agent, tenant, user_id, thread_id, kind, lane_id, input, attempts,
+         max_attempts, turns, checkpoint, resume_value, metadata, budget, steer,
+         lease_token) = values  # fmt: skip
+        if lease_token is None:
+            raise ValueError("a pushed run without a lease")
+        return cls(
+            id=UUID(run_id),
+            agent=agent,
+            tenant=tenant,
+            user_id=user_id,
+            thread_id=thread_id,
+            kind=kind,
+            lane_id=lane_id,
+            input=input,
+            attempts=attempts,
+            max_attempts=max_attempts,
+            turns=turns,
+            checkpoint=checkpoint,
+            resume_value=resume_value,
+            metadata=metadata,
+            budget=budget,
+            steer_requested_at=None if steer is None else datetime.fromisoformat(steer),
+            lease_token=UUID(lease_token),
+            deadline_in_seconds=deadline_in_seconds,
+            pushed=True,
+        )
+
+    @classmethod
     def from_pushed_json(cls, row: dict[str, Any], deadline_in_seconds: float | None) -> ClaimedRun:
-        """A pushed run, from the claim's columns of its row as PostgreSQL
-        writes them in JSON (what a push's NOTIFY carries): ids and times as
-        text, jsonb columns as the JSON they hold, as psycopg would have
-        decoded them. Other keys are ignored (a lane's push, migration
-        0035, carries the whole row)."""
+        """A pushed run, from its row as PostgreSQL's ``to_json`` writes it
+        (what a lane's push carries, ``runlane.dispatch_head``): ids and
+        times as text, jsonb columns as the JSON they hold, as psycopg would
+        have decoded them."""
         if row["lease_token"] is None:
             raise ValueError("a pushed run without a lease")
         steer = row["steer_requested_at"]
@@ -212,6 +246,11 @@ class ClaimedRun:
             deadline_in_seconds=deadline_in_seconds,
             pushed=True,
         )
+
+
+# The columns of a claim (a claimed row, or a submit's pushed array): every
+# field of ClaimedRun but the two the worker sets.
+_CLAIM_COLUMNS = len(fields(ClaimedRun)) - 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -683,7 +683,14 @@ class Worker:
             if message["worker_id"] != self.worker_id:
                 return
             self.metrics.wakeups.labels(source="push").inc()
-            if "run" in message:
+            # A submit's push carries the claim's columns (insert_run), a
+            # lane's the run's row (runlane.dispatch_head).
+            if "claim" in message:
+                claimed = ClaimedRun.from_pushed_claim(
+                    message["claim"], message["deadline_in_seconds"]
+                )
+                self._take_pushed_run(claimed, self._parked_sent_at)
+            elif "run" in message:
                 claimed = ClaimedRun.from_pushed_json(
                     message["run"], message["deadline_in_seconds"]
                 )

@@ -27,6 +27,7 @@ from bench import (
     intake_latency,
     intake_lookup,
     listing,
+    submit_instructions,
     throughput,
     wakeup,
     wakeup_breakdown,
@@ -296,6 +297,32 @@ def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
     stored = json.loads(next(tmp_path.glob("backend_instructions*.json")).read_text())
     assert stored["instructions"] == data["instructions"]
     assert stored["submit_each_in_loop"] is submit_each
+
+
+def test_submit_instructions_smoke(tmp_path: Path) -> None:
+    # Counted, not timed: two indexes on hashes of every run's JSON columns
+    # are entries for each submit to compute and write, pushing or not
+    # (3-5% more instructions), and the counts must show it.
+    data = submit_instructions.run(
+        base_queries=None,
+        queries=None,
+        sql="CREATE INDEX ON runlane.runs (md5(input::text));"
+        " CREATE INDEX ON runlane.runs (md5(metadata::text), md5(budget::text))",
+        loops=(2, 6),
+        pg_bin=backend_instructions.embedded_bin(),
+        out_dir=tmp_path,
+        history=10,
+    )
+    for mode in ("plain", "push"):
+        per_submit = data["instructions_per_submit"][mode]
+        assert per_submit["exp"] > 1.01 * per_submit["base"] > 0, mode
+    # A pushing submit also takes the standing claim and writes the run's
+    # lease and its payload (and the park before it is counted): were the
+    # run not pushed, the two would cost about the same.
+    per_submit = data["instructions_per_submit"]
+    assert per_submit["push"]["base"] > 1.2 * per_submit["plain"]["base"]
+    stored = json.loads((tmp_path / "submit_instructions.json").read_text())
+    assert stored["instructions"] == data["instructions"]
 
 
 def test_backend_instructions_counts_the_events_of_each_run(tmp_path: Path) -> None:

@@ -354,18 +354,20 @@ async def test_a_pushed_runs_notification_carries_the_run_as_stored(
         run, _ = await service.submit(
             "echo",
             {"text": "héllo", "n": [1, 2.5, None], "nested": {"b": 1, "a": True}},
+            # Columns of one type with values of their own, so that the
+            # array's order is checked too.
+            tenant="acme",
+            user_id="ann",
             budget={"max_seconds": 60},
             metadata={"source": "test"},
         )
         message = json.loads((await anext(notices)).payload)
         assert message["worker_id"] == "w-1"
-        # The claim's columns, no more: the payload is built and decoded on
-        # every pushed run's wake-up.
-        assert set(message["run"]) == set(ClaimedRun.__dataclass_fields__) - {
-            "deadline_in_seconds",
-            "pushed",
-        }
-        pushed = ClaimedRun.from_pushed_json(message["run"], message["deadline_in_seconds"])
+        # The claim's columns, no more and unnamed: the payload is built and
+        # decoded on every pushed run's wake-up.
+        assert set(message) == {"worker_id", "claim", "deadline_in_seconds"}
+        assert len(message["claim"]) == len(ClaimedRun.__dataclass_fields__) - 2
+        pushed = ClaimedRun.from_pushed_claim(message["claim"], message["deadline_in_seconds"])
         assert claimed_as_stored(pushed, await service.get(run.id)) == {}
         assert pushed.pushed and pushed.input == run.input and pushed.budget == run.budget
         assert pushed.deadline_in_seconds is not None and 59 < pushed.deadline_in_seconds <= 60

@@ -49,11 +49,13 @@ WITH standing AS (
     -- that its worker starts it without reading it first; a run too large
     -- for a NOTIFY payload (8,000 bytes) is named only, and read. Written
     -- as json text, not built as jsonb first: the payload is only ever
-    -- text, and building it is on every pushed run's wake-up. Only the
-    -- columns a claim answers (ClaimedRun): the whole row (to_json) cost
-    -- 3.3 per cent more of PostgreSQL's instructions per pushing submit,
-    -- and twice the bytes for the worker to decode (BENCHMARKS.md,
-    -- section 2, thirty-sixth session).
+    -- text, and building it is on every pushed run's wake-up. The claim's
+    -- columns in ClaimedRun's order, as an array (`claim`): the whole row
+    -- as an object (to_json, `run`) cost 8 per cent more of PostgreSQL's
+    -- instructions per pushing submit, and twice the bytes for the worker
+    -- to decode (BENCHMARKS.md, section 2, thirty-sixth session). A
+    -- worker of an earlier version finds no `run` and claims the run by
+    -- unparking instead.
     SELECT CASE WHEN i.lease_token IS NULL THEN pg_notify('runlane_wakeup', i.agent)
                 WHEN octet_length(p.whole) <= 7900 THEN pg_notify('runlane_push', p.whole)
                 ELSE pg_notify('runlane_push', json_build_object(
@@ -63,13 +65,10 @@ WITH standing AS (
     CROSS JOIN LATERAL (
         SELECT CASE WHEN i.lease_token IS NOT NULL THEN json_build_object(
             'worker_id', i.worker_id,
-            'run', json_build_object(
-                'id', i.id, 'agent', i.agent, 'tenant', i.tenant, 'user_id', i.user_id,
-                'thread_id', i.thread_id, 'kind', i.kind, 'lane_id', i.lane_id,
-                'input', i.input, 'attempts', i.attempts, 'max_attempts', i.max_attempts,
-                'turns', i.turns, 'checkpoint', i.checkpoint, 'resume_value', i.resume_value,
-                'metadata', i.metadata, 'budget', i.budget,
-                'steer_requested_at', i.steer_requested_at, 'lease_token', i.lease_token),
+            'claim', json_build_array(
+                i.id, i.agent, i.tenant, i.user_id, i.thread_id, i.kind, i.lane_id,
+                i.input, i.attempts, i.max_attempts, i.turns, i.checkpoint, i.resume_value,
+                i.metadata, i.budget, i.steer_requested_at, i.lease_token),
             'deadline_in_seconds', extract(epoch FROM i.deadline_at - now()))::text END
     ) AS p (whole)
     WHERE %(notify)s AND i.available_at <= now()
