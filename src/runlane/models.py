@@ -219,9 +219,9 @@ class ClaimedRun:
     @classmethod
     def from_pushed_json(cls, row: dict[str, Any], deadline_in_seconds: float | None) -> ClaimedRun:
         """A pushed run, from its row as PostgreSQL's ``to_json`` writes it
-        (what a lane's push carries, ``runlane.dispatch_head``): ids and
-        times as text, jsonb columns as the JSON they hold, as psycopg would
-        have decoded them."""
+        (what a push carried before migration 0046, from a database not
+        migrated yet): ids and times as text, jsonb columns as the JSON
+        they hold, as psycopg would have decoded them."""
         if row["lease_token"] is None:
             raise ValueError("a pushed run without a lease")
         steer = row["steer_requested_at"]

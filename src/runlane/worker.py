@@ -683,8 +683,8 @@ class Worker:
             if message["worker_id"] != self.worker_id:
                 return
             self.metrics.wakeups.labels(source="push").inc()
-            # A submit's push carries the claim's columns (insert_run), a
-            # lane's the run's row (runlane.dispatch_head).
+            # A push carries the claim's columns; before migration 0046 a
+            # lane's carried the run's row.
             if "claim" in message:
                 claimed = ClaimedRun.from_pushed_claim(
                     message["claim"], message["deadline_in_seconds"]

@@ -339,7 +339,7 @@ async def test_no_push_without_notifications(db_url: str, sql: Conn, settings: S
 
 
 async def test_a_pushed_runs_notification_carries_the_run_as_stored(
-    service: RunService, sql: Conn, db_url: str
+    service: RunService, lanes: LaneService, sql: Conn, db_url: str
 ) -> None:
     # What the parked worker starts without reading it: the payload's run,
     # in every field the worker reads, is the run as stored; one too large
@@ -379,8 +379,56 @@ async def test_a_pushed_runs_notification_carries_the_run_as_stored(
             "run_id": str(big.id),
             "lease_token": str(big.lease_token),
         }
+        # A lane's run pushed at intake is carried alike (migration 0046).
+        stand(sql, "w-3", None)
+        request, _ = await lanes.submit(
+            tenant="acme", user_id="ann", agent="echo", thread_id="t-1", input={"text": "lane"}
+        )
+        assert request.run_id is not None
+        message = json.loads((await anext(notices)).payload)
+        assert set(message) == {"worker_id", "claim", "deadline_in_seconds"}
+        pushed = ClaimedRun.from_pushed_claim(message["claim"], message["deadline_in_seconds"])
+        assert claimed_as_stored(pushed, await service.get(request.run_id)) == {}
+        assert pushed.kind == "request" and pushed.lane_id is not None
     finally:
         await listener.close()
+
+
+async def test_a_push_the_worker_cannot_read_still_starts_its_run_at_once(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    # A push in a shape of another version (a rolling upgrade: the submit
+    # and the worker of different releases) is not lost: the worker takes
+    # the run by unparking at once. The poll is a minute away, beyond the
+    # wait for the run, so that only the push can have woken it.
+    slow_poll = settings.model_copy(update={"poll_seconds": 60.0})
+    started: list[Any] = []
+    async with running_worker(echo_app(slow_poll, started), slow_poll) as worker:
+        # A first run's outcome wakes the claim loop, which then parks.
+        first, _ = await service.submit("echo", {"text": "first"})
+        await wait_for_status(service, first.id, RunStatus.COMPLETED)
+        await parked(sql, worker.worker_id)
+        with sql.transaction():
+            row = sql.execute(
+                "WITH s AS (SELECT * FROM runlane.take_standing_claim('default', 'echo', true))"
+                " INSERT INTO runlane.runs (id, agent, input, max_attempts, status, attempts,"
+                "   claim_count, lease_token, lease_expires_at, worker_id, started_at,"
+                "   attempt_started_at)"
+                " SELECT s.run_id, 'echo', '{\"text\": \"later\"}', 3, 'running', 1, 1,"
+                "   s.lease_token, now() + make_interval(secs => s.lease_seconds), s.worker_id,"
+                "   now(), now() FROM s"
+                " RETURNING id, worker_id"
+            ).fetchone()
+            assert row is not None and row[1] == worker.worker_id
+            sql.execute(
+                "SELECT pg_notify('runlane_push', json_build_object("
+                "  'worker_id', %s::text, 'shape', 'of a later version')::text)",
+                (worker.worker_id,),
+            )
+        done = await wait_for_status(service, row[0], RunStatus.COMPLETED)
+        assert worker.claims_pushed == 1
+    assert done.output == {"echo": {"text": "later"}}
+    assert started == [(first.id, 1), (row[0], 1)]
 
 
 async def test_a_pushed_run_too_large_to_carry_is_read_and_run(

@@ -54,8 +54,9 @@ WITH standing AS (
     -- as an object (to_json, `run`) cost 8 per cent more of PostgreSQL's
     -- instructions per pushing submit, and twice the bytes for the worker
     -- to decode (BENCHMARKS.md, section 2, thirty-sixth session). A
-    -- worker of an earlier version finds no `run` and claims the run by
-    -- unparking instead.
+    -- lane's push is written alike (runlane.dispatch_head, 0046). A worker
+    -- of an earlier version finds no `run` and claims the run by unparking
+    -- instead.
     SELECT CASE WHEN i.lease_token IS NULL THEN pg_notify('runlane_wakeup', i.agent)
                 WHEN octet_length(p.whole) <= 7900 THEN pg_notify('runlane_push', p.whole)
                 ELSE pg_notify('runlane_push', json_build_object(
