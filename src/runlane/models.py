@@ -184,9 +184,9 @@ class ClaimedRun:
     @classmethod
     def from_pushed_claim(cls, values: list[Any], deadline_in_seconds: float | None) -> ClaimedRun:
         """A pushed run, from the claim's columns in this class's order as
-        PostgreSQL writes them in a JSON array (what a submit's push
-        carries, ``insert_run``): ids and times as text, jsonb columns as
-        the JSON they hold, as psycopg would have decoded them."""
+        PostgreSQL writes them in a JSON array (what a push carries, a
+        submit's and a lane's): ids and times as text, jsonb columns as the
+        JSON they hold, as psycopg would have decoded them."""
         if len(values) != _CLAIM_COLUMNS:
             raise ValueError(f"a pushed claim of {len(values)} columns")
         (run_id, agent, tenant, user_id, thread_id, kind, lane_id, input, attempts,

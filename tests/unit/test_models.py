@@ -15,9 +15,10 @@ from runlane import models
 @pytest.mark.parametrize("shape", ["claim", "run"])
 def test_a_pushed_runs_json_gives_every_id_and_time_its_type(shape: str) -> None:
     # A push's NOTIFY carries the run as PostgreSQL writes it in JSON: ids
-    # and times as text; a submit's as the claim's columns in an array, a
-    # lane's as the run's row. Both decoders must turn each field typed
-    # UUID or datetime back into that type, as a claim's row has it.
+    # and times as text; as the claim's columns in an array, or, from a
+    # database before migration 0046, as the run's row. Both decoders must
+    # turn each field typed UUID or datetime back into that type, as a
+    # claim's row has it.
     hints = typing.get_type_hints(models.ClaimedRun)
 
     def typed(kind: type) -> set[str]:

@@ -52,8 +52,8 @@ WITH standing AS (
     -- text, and building it is on every pushed run's wake-up. The claim's
     -- columns in ClaimedRun's order, as an array (`claim`): the whole row
     -- as an object (to_json, `run`) cost 8 per cent more of PostgreSQL's
-    -- instructions per pushing submit, and twice the bytes for the worker
-    -- to decode (BENCHMARKS.md, section 2, thirty-sixth session). A
+    -- instructions per pushing submit, and four times the bytes for the
+    -- worker to decode (BENCHMARKS.md, section 2, thirty-sixth session). A
     -- lane's push is written alike (runlane.dispatch_head, 0046). A worker
     -- of an earlier version finds no `run` and claims the run by unparking
     -- instead.
