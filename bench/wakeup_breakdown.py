@@ -106,9 +106,12 @@ async def serve(url: str) -> None:
     await stop.wait()
     await worker.stop(1.0)
     for arrived, taken, payload in pushes:
-        run = json.loads(payload).get("run")
-        if run is not None:
-            marks.setdefault(str(run["id"]), {}).update(push=arrived, taken=taken)
+        message = json.loads(payload)
+        # Only a payload that carries the run (the claim's columns, its id
+        # first) has it taken in _on_push; one that names it is read later.
+        run_id = message["claim"][0] if "claim" in message else None
+        if run_id is not None:
+            marks.setdefault(str(run_id), {}).update(push=arrived, taken=taken)
     print(json.dumps({"marks": marks, "claims": claims}), flush=True)
 
 
