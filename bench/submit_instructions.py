@@ -151,9 +151,7 @@ def run(
                 for mode in MODES
                 for n in loops
             }
-            totals = {
-                f"{name}_{mode}_{n}": job.result() for (name, mode, n), job in jobs.items()
-            }
+            totals = {f"{name}_{mode}_{n}": job.result() for (name, mode, n), job in jobs.items()}
     per_submit = {
         mode: {
             name: round(

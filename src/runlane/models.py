@@ -187,7 +187,7 @@ class ClaimedRun:
         PostgreSQL writes them in a JSON array (what a push carries, a
         submit's and a lane's): ids and times as text, jsonb columns as the
         JSON they hold, as psycopg would have decoded them."""
-        if len(values) != _CLAIM_COLUMNS:
+        if len(values) != len(_CLAIM_COLUMNS):
             raise ValueError(f"a pushed claim of {len(values)} columns")
         (run_id, agent, tenant, user_id, thread_id, kind, lane_id, input, attempts,
          max_attempts, turns, checkpoint, resume_value, metadata, budget, steer,
@@ -220,37 +220,15 @@ class ClaimedRun:
     def from_pushed_json(cls, row: dict[str, Any], deadline_in_seconds: float | None) -> ClaimedRun:
         """A pushed run, from its row as PostgreSQL's ``to_json`` writes it
         (what a push carried before migration 0046, from a database not
-        migrated yet): ids and times as text, jsonb columns as the JSON
-        they hold, as psycopg would have decoded them."""
-        if row["lease_token"] is None:
-            raise ValueError("a pushed run without a lease")
-        steer = row["steer_requested_at"]
-        return cls(
-            id=UUID(row["id"]),
-            agent=row["agent"],
-            tenant=row["tenant"],
-            user_id=row["user_id"],
-            thread_id=row["thread_id"],
-            kind=row["kind"],
-            lane_id=row["lane_id"],
-            input=row["input"],
-            attempts=row["attempts"],
-            max_attempts=row["max_attempts"],
-            turns=row["turns"],
-            checkpoint=row["checkpoint"],
-            resume_value=row["resume_value"],
-            metadata=row["metadata"],
-            budget=row["budget"],
-            steer_requested_at=None if steer is None else datetime.fromisoformat(steer),
-            lease_token=UUID(row["lease_token"]),
-            deadline_in_seconds=deadline_in_seconds,
-            pushed=True,
-        )
+        migrated yet): the claim's columns taken from it by name."""
+        return cls.from_pushed_claim([row[name] for name in _CLAIM_COLUMNS], deadline_in_seconds)
 
 
-# The columns of a claim (a claimed row, or a submit's pushed array): every
+# The columns of a claim (a claimed row, or a push's array), in order: every
 # field of ClaimedRun but the two the worker sets.
-_CLAIM_COLUMNS = len(fields(ClaimedRun)) - 2
+_CLAIM_COLUMNS = tuple(
+    f.name for f in fields(ClaimedRun) if f.name not in ("deadline_in_seconds", "pushed")
+)
 
 
 @dataclass(frozen=True, slots=True)

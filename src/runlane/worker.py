@@ -683,20 +683,20 @@ class Worker:
             if message["worker_id"] != self.worker_id:
                 return
             self.metrics.wakeups.labels(source="push").inc()
-            # A push carries the claim's columns; before migration 0046 a
-            # lane's carried the run's row.
+            # A push carries the claim's columns; before migration 0046 it
+            # carried the run's row; one too large for either names the run.
             if "claim" in message:
                 claimed = ClaimedRun.from_pushed_claim(
                     message["claim"], message["deadline_in_seconds"]
                 )
-                self._take_pushed_run(claimed, self._parked_sent_at)
             elif "run" in message:
                 claimed = ClaimedRun.from_pushed_json(
                     message["run"], message["deadline_in_seconds"]
                 )
-                self._take_pushed_run(claimed, self._parked_sent_at)
             else:
                 self._take_pushed(PushedRun(UUID(message["run_id"]), UUID(message["lease_token"])))
+                return
+            self._take_pushed_run(claimed, self._parked_sent_at)
         except (ValueError, KeyError, TypeError):
             # Not a push this version understands: the unpark in the next
             # claim (at the latest the next poll) finds the run.
