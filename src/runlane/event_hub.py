@@ -286,12 +286,18 @@ class EventHub:
 
     def _on_notify(self, channel: str, payload: str) -> None:
         self.notifications += 1
-        topic = f"{'run' if channel == RUN_CHANGES else 'lane'}:{payload}"
-        feed = self._runs.get(topic)
-        if feed is not None:
-            feed.changed()
-        for subscription in self._topics.get(topic, ()):
-            subscription.notify()
+        if channel != RUN_CHANGES:
+            self.wake(f"lane:{payload}")
+            return
+        # A worker's outcome write names every run of its batch that ended in
+        # one notification, comma-separated (migration 0047); other writers
+        # name one run.
+        for run_id in payload.split(","):
+            topic = f"run:{run_id}"
+            feed = self._runs.get(topic)
+            if feed is not None:
+                feed.changed()
+            self.wake(topic)
 
     def wake(self, topic: str) -> None:
         for subscription in self._topics.get(topic, ()):

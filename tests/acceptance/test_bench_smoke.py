@@ -27,6 +27,7 @@ from bench import (
     intake_latency,
     intake_lookup,
     listing,
+    run_changes_fanout,
     submit_instructions,
     throughput,
     wakeup,
@@ -217,6 +218,18 @@ def test_worker_cpu_smoke(mode: str, bench_env: str, tmp_path: Path) -> None:
     # The collector's part: a count and a CPU time for each generation.
     assert all(len(t["gc_collections"]) == len(t["gc_us_per_run"]) == 3 for t in data["trials"])
     assert (tmp_path / "worker_cpu_sync_off.json").exists()
+
+
+def test_run_changes_fanout_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Both schemas measured, with two idle listening hubs: before 0047 each
+    # heard every ended run once; since, one notification per outcome batch.
+    data = run_changes_fanout.run(300, 50, 2, 1, out_dir=tmp_path)
+    assert [t["schema"] for t in data["trials"]] == ["per run", "per batch"]
+    per_run, per_batch = (t["notifications_per_1000_runs"] for t in data["trials"])
+    assert per_run == 1000
+    assert 0 < per_batch < per_run
+    assert all(t["runs_per_s"] > 0 for t in data["trials"])
+    assert (tmp_path / "run_changes_fanout_sync_off.json").exists()
 
 
 def test_listing_smoke(bench_env: str, tmp_path: Path) -> None:

@@ -397,6 +397,38 @@ async def test_every_final_status_is_notified_to_the_streams(
         assert heard == [str(completed.id), str(cancelled.id)]
 
 
+async def test_an_outcome_batch_names_the_runs_it_ended_in_one_notification_per_200(
+    service: RunService, store: RunStore, sql: Conn, db_url: str
+) -> None:
+    # A worker's batch of outcomes notifies the streams once per 200 ended
+    # runs (migration 0047), each payload under NOTIFY's 8,000 bytes; a run
+    # that goes back to pending is not named.
+    for _ in range(202):
+        await service.submit("a", {})
+    claimed = await store.claim_batch(worker_id="w", limit=202, lease_seconds=30)
+    assert len(claimed) == 202
+    retried = claimed[0].id
+    with psycopg.connect(db_url, autocommit=True) as listening:
+        listening.execute("LISTEN runlane_run_changes")
+        sql.execute(
+            "SELECT count(*) FROM runlane.finish_attempts(%s, %s, %s,"
+            " NULL::jsonb[], NULL::jsonb[], NULL::float8[], NULL::jsonb[], NULL::float8[],"
+            " false)",
+            (
+                [c.id for c in claimed],
+                [c.lease_token for c in claimed],
+                ["retry" if c.id == retried else "completed" for c in claimed],
+            ),
+        )
+        heard = [n.payload for n in listening.notifies(timeout=5.0, stop_after=2)]
+        assert len(heard) == 2
+        assert all(len(p.split(",")) <= 200 and len(p.encode()) < 8000 for p in heard)
+        named = [uuid.UUID(i) for p in heard for i in p.split(",")]
+        assert sorted(named) == sorted(c.id for c in claimed if c.id != retried)
+        # Nothing more comes for this batch.
+        assert list(listening.notifies(timeout=0.5)) == []
+
+
 async def test_claim_can_be_limited_to_some_agents(service: RunService, store: RunStore) -> None:
     await service.submit("mail", {})
     wanted, _ = await service.submit("chat", {})
