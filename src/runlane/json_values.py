@@ -15,44 +15,70 @@ from typing import Any
 # below the serializer's limit.
 MAX_DEPTH = 100
 
-_SCALARS = (str, int, float, bool, type(None))
+_CONTAINERS = (dict, list, tuple)
+_NOT_FINITE = "numbers must be finite (no NaN or Infinity)"
 
 
 def json_problem(value: Any, *, max_depth: int = MAX_DEPTH) -> str | None:
     """Why ``value`` cannot be stored and served as JSON, or None.
 
-    Walks the value without recursion, so a deep one costs no stack."""
+    Walks the value without recursion, so a deep one costs no stack. Only
+    containers go on the walk's stack; the scalars in a container are
+    checked as it is read, the common types first by exact type (a
+    submit's input and a handler's output are walked whole: an agent's
+    transcript of 100 kB has thousands of strings)."""
+    if not isinstance(value, _CONTAINERS):
+        return _scalar_problem(value)
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            problem = _string_problem(item)
-            if problem:
-                return problem
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return "numbers must be finite (no NaN or Infinity)"
-        elif isinstance(item, _SCALARS):
-            continue
-        elif isinstance(item, dict | list | tuple):
-            if depth >= max_depth:
-                return f"values cannot be nested more than {max_depth} levels deep"
-            if isinstance(item, dict):
-                for key, child in item.items():
-                    if not isinstance(key, str):
-                        return "object keys must be strings"
-                    stack.append((key, depth + 1))
-                    stack.append((child, depth + 1))
-            else:
-                stack.extend((child, depth + 1) for child in item)
+        container, depth = stack.pop()
+        if depth >= max_depth:
+            return f"values cannot be nested more than {max_depth} levels deep"
+        if isinstance(container, dict):
+            for key in container:
+                if not isinstance(key, str):
+                    return "object keys must be strings"
+                problem = _string_problem(key)
+                if problem:
+                    return problem
+            children: Any = container.values()
         else:
-            return f"a {type(item).__name__} is not a JSON value"
+            children = container
+        for child in children:
+            kind = type(child)
+            if kind is str:
+                problem = _string_problem(child)
+                if problem:
+                    return problem
+            elif kind is int or kind is bool or child is None:
+                continue
+            elif kind is float:
+                if not math.isfinite(child):
+                    return _NOT_FINITE
+            elif isinstance(child, _CONTAINERS):
+                stack.append((child, depth + 1))
+            else:
+                problem = _scalar_problem(child)
+                if problem:
+                    return problem
     return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if isinstance(item, str):
+        return _string_problem(item)
+    if isinstance(item, float):
+        return None if math.isfinite(item) else _NOT_FINITE
+    if isinstance(item, int | bool) or item is None:
+        return None
+    return f"a {type(item).__name__} is not a JSON value"
 
 
 def _string_problem(text: str) -> str | None:
     if "\x00" in text:
         return "text cannot hold NUL characters (\\u0000)"
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -30,6 +30,7 @@ from bench import (
     run_changes_fanout,
     submit_instructions,
     throughput,
+    value_check,
     wakeup,
     wakeup_breakdown,
     wakeup_statements,
@@ -230,6 +231,16 @@ def test_run_changes_fanout_smoke(bench_env: str, tmp_path: Path) -> None:
     assert 0 < per_batch < per_run
     assert all(t["runs_per_s"] > 0 for t in data["trials"])
     assert (tmp_path / "run_changes_fanout_sync_off.json").exists()
+
+
+def test_value_check_smoke(tmp_path: Path) -> None:
+    # Both checkers (here this checkout twice) timed on every size.
+    data = value_check.run([1, 5], src=str(ROOT / "src"), repeat=1, number=2, out_dir=tmp_path)
+    assert [row["turns"] for row in data["rows"]] == [1, 5]
+    assert data["rows"][0]["bytes"] < data["rows"][1]["bytes"]
+    for row in data["rows"]:
+        assert row["json_problem_us this checkout"] > 0 and row["json_problem_us --src"] > 0
+    assert any(p.name.startswith("value_check") for p in tmp_path.iterdir())
 
 
 def test_listing_smoke(bench_env: str, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import pytest
@@ -50,3 +51,46 @@ def test_a_very_deep_value_is_refused_without_recursing() -> None:
 def test_values_postgres_or_json_cannot_hold_are_named(value: Any, words: str) -> None:
     problem = json_problem(value)
     assert problem is not None and words in problem
+
+
+class Tone(enum.StrEnum):
+    CALM = "calm"
+
+
+class Count(enum.IntEnum):
+    ONE = 1
+
+
+class Text(str):
+    pass
+
+
+def transcript(last: Any) -> Any:
+    """A value shaped like an agent's state, with ``last`` deep at its end."""
+    turns: list[Any] = [
+        {"role": "user", "content": f"turn {i} é", "tokens": i, "score": i / 3, "tool": None}
+        for i in range(50)
+    ]
+    turns.append({"role": "tool", "calls": [{"args": ["ok", True, 2.5, {"x": last}]}]})
+    return {"messages": turns, "config": {"temperature": 0.2}}
+
+
+@pytest.mark.parametrize(
+    ("last", "words"),
+    [
+        ("a\x00b", "NUL"),
+        (Text("a\x00b"), "NUL"),
+        ("\udc00", "unpaired surrogates"),
+        (float("-inf"), "finite"),
+        ({2: "a"}, "keys must be strings"),
+        ([{"k": b"x"}], "a bytes is not a JSON value"),
+        (object(), "object is not a JSON value"),
+    ],
+)
+def test_a_problem_deep_in_a_large_value_is_found(last: Any, words: str) -> None:
+    problem = json_problem(transcript(last))
+    assert problem is not None and words in problem
+
+
+def test_subclasses_of_json_types_are_checked_as_their_base() -> None:
+    assert json_problem(transcript([Tone.CALM, Count.ONE, Text("fine"), True])) is None
