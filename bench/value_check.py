@@ -1,6 +1,10 @@
 """What checking a JSON value costs: ``json_problem``, which every submit
 runs on its input and metadata and every worker on each handler's output,
-against ``json.dumps`` of the same value (to text, as psycopg sends it).
+against ``json.dumps`` of the same value (to text, as psycopg sends it);
+and a submit's serialization of its input, as psycopg's binary jsonb
+parameter, made twice (the size check's ``json.dumps``, then psycopg's
+own of the value: ``Jsonb``) and once (the size check's text handed to
+psycopg: ``runlane.database.jsonb_param``).
 
     python -m bench.value_check [--turns 10,100,1000] [--src OTHER_CHECKOUT/src]
                                 [--repeat 7] [--number 50] [--tag _s37] [--out-dir DIR]
@@ -26,7 +30,30 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from psycopg.abc import Buffer
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.types.json import Jsonb
+
 from bench.common import ROOT, print_table, write_results
+from runlane.database import jsonb_param
+
+_TRANSFORMER = Transformer()
+
+
+def as_parameter(value: Any) -> Buffer:
+    """``value`` (a Jsonb) as psycopg sends it, in binary."""
+    return _TRANSFORMER.get_dumper(value, PyFormat.BINARY).dump(value)
+
+
+def serialized_twice(value: Any) -> Buffer:
+    len(json.dumps(value, ensure_ascii=False).encode())
+    return as_parameter(Jsonb(value))
+
+
+def serialized_once(value: Any) -> Buffer:
+    text = json.dumps(value, ensure_ascii=False)
+    len(text.encode())
+    return as_parameter(jsonb_param(value, text))
 
 
 def transcript(turns: int) -> dict[str, Any]:
@@ -82,6 +109,10 @@ def run(
         row["json_dumps_us"] = best_us(
             functools.partial(json.dumps, value, ensure_ascii=False), repeat, number
         )
+        for way, serialize in (("twice", serialized_twice), ("once", serialized_once)):
+            row[f"serialized_{way}_us"] = best_us(
+                functools.partial(serialize, value), repeat, number
+            )
         rows.append(row)
         print(json.dumps(row), flush=True)
     headers = [
@@ -89,6 +120,8 @@ def run(
         "bytes",
         *(f"json_problem µs, {code}" for code in checkers),
         "json.dumps µs",
+        "a submit's serialization µs, twice (before)",
+        "once",
     ]
     table = print_table(
         headers,
@@ -98,6 +131,8 @@ def run(
                 row["bytes"],
                 *(row[f"json_problem_us {code}"] for code in checkers),
                 row["json_dumps_us"],
+                row["serialized_twice_us"],
+                row["serialized_once_us"],
             ]
             for row in rows
         ],

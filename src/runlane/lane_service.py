@@ -77,6 +77,8 @@ class LaneService:
                 priority=priority,
                 budget=checked.budget,
                 metadata=metadata,
+                input_json=checked.input_json,
+                metadata_json=checked.metadata_json,
             )
         )
 

@@ -19,6 +19,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from runlane.database import jsonb_param
 from runlane.errors import LaneRefused, NotFound
 from runlane.lanes import (
     LaneFacts,
@@ -62,6 +63,9 @@ class NewRequest:
     priority: int = 0
     budget: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    # As NewRun's: the JSON text when already made.
+    input_json: str | None = None
+    metadata_json: str | None = None
 
 
 class LaneStore:
@@ -111,11 +115,11 @@ class LaneStore:
             **_key_params(key),
             "request_id": new.request_id,
             "policy": str(new.policy),
-            "input": Jsonb(new.input),
+            "input": jsonb_param(new.input, new.input_json),
             "priority": new.priority,
             "max_attempts": new.max_attempts,
             "budget": Jsonb(new.budget or {}),
-            "metadata": Jsonb(new.metadata or {}),
+            "metadata": jsonb_param(new.metadata or {}, new.metadata_json),
         }
         for _ in range(3):
             try:

@@ -48,6 +48,10 @@ def parse_run_id(value: str | UUID) -> UUID:
 class RunOptions:
     max_attempts: int
     budget: dict[str, Any]
+    # The input's and the metadata's JSON text, made by their size check
+    # and sent as they are (database.jsonb_param).
+    input_json: str
+    metadata_json: str | None
 
 
 class RunService:
@@ -98,6 +102,8 @@ class RunService:
                 budget=checked.budget,
                 idempotency_key=idempotency_key,
                 metadata=metadata,
+                input_json=checked.input_json,
+                metadata_json=checked.metadata_json,
             )
         )
 
@@ -220,7 +226,7 @@ class RunService:
         metadata: Any,
     ) -> RunOptions:
         """Validates what every new run carries; fills in defaults."""
-        self.check_storable(input)
+        input_json = self.check_storable(input)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInput("priority must be an integer")
         if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
@@ -230,23 +236,32 @@ class RunService:
             raise InvalidInput("max_attempts must be an integer")
         if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
             raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        metadata_json = None
         if metadata is not None:
             if not isinstance(metadata, dict):
                 raise InvalidInput("metadata must be a JSON object")
-            self.check_storable(metadata, what="metadata")
-        return RunOptions(max_attempts=attempts, budget=_check_budget(budget or {}))
+            metadata_json = self.check_storable(metadata, what="metadata")
+        return RunOptions(
+            max_attempts=attempts,
+            budget=_check_budget(budget or {}),
+            input_json=input_json,
+            metadata_json=metadata_json,
+        )
 
-    def check_storable(self, value: Any, *, what: str = "input") -> None:
+    def check_storable(self, value: Any, *, what: str = "input") -> str:
         """Refuses a value that could not be stored, or served back (see
-        json_values), or that is over max_input_bytes."""
+        json_values), or that is over max_input_bytes; returns its JSON
+        text, which its insert may send as it is."""
         problem = json_problem(value)
         if problem is not None:
             raise InvalidInput(f"{what}: {problem}")
-        size = len(json.dumps(value, ensure_ascii=False).encode())
+        text = json.dumps(value, ensure_ascii=False)
+        size = len(text.encode())
         if size > self.settings.max_input_bytes:
             raise PayloadTooLarge(
                 f"{what} is {size} bytes; the limit is {self.settings.max_input_bytes}"
             )
+        return text
 
 
 def _finite_number(value: Any) -> bool:

@@ -17,6 +17,7 @@ from psycopg.rows import DictRow, RowMaker, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from runlane.database import jsonb_param
 from runlane.errors import LaneRefused
 from runlane.maintenance_lock import maintenance_lock
 from runlane.models import (
@@ -133,6 +134,10 @@ class NewRun:
     budget: dict[str, Any] | None = None
     idempotency_key: str | None = None
     metadata: dict[str, Any] | None = None
+    # The input's and the metadata's JSON text when already made (see
+    # database.jsonb_param); else they are serialized here.
+    input_json: str | None = None
+    metadata_json: str | None = None
 
     @property
     def query(self) -> str:
@@ -147,13 +152,13 @@ class NewRun:
             "tenant": self.tenant,
             "user_id": self.user_id,
             "agent": self.agent,
-            "input": Jsonb(self.input),
+            "input": jsonb_param(self.input, self.input_json),
             "priority": self.priority,
             "delay_seconds": float(self.delay_seconds),
             "max_attempts": self.max_attempts,
             "budget": Jsonb(self.budget or {}),
             "idempotency_key": self.idempotency_key,
-            "metadata": Jsonb(self.metadata or {}),
+            "metadata": jsonb_param(self.metadata or {}, self.metadata_json),
             "notify": notify,
         }
 

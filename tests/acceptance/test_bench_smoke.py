@@ -240,6 +240,7 @@ def test_value_check_smoke(tmp_path: Path) -> None:
     assert data["rows"][0]["bytes"] < data["rows"][1]["bytes"]
     for row in data["rows"]:
         assert row["json_problem_us this checkout"] > 0 and row["json_problem_us --src"] > 0
+        assert row["serialized_twice_us"] > 0 and row["serialized_once_us"] > 0
     assert any(p.name.startswith("value_check") for p in tmp_path.iterdir())
 
 

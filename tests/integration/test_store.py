@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from runlane.errors import InvalidInput, NotFound, NotRetryable, PayloadTooLarge, RunFinished
+from runlane.lane_service import LaneService
 from runlane.models import ClaimedRun, LeaseState, Outcome, RunStatus
 from runlane.queries import named_queries
 from runlane.reaper import Reaper
@@ -83,6 +84,34 @@ async def test_json_values_come_back_as_submitted(service: RunService, store: Ru
     assert [r.metadata for r in runs] == [{}, {}] and [r.budget for r in runs] == [{}, {}]
     runs[0].metadata["changed"] = True
     assert runs[1].metadata == {} and runs[0].budget == {} and runs[1].input == {}
+
+
+async def test_input_and_metadata_are_stored_from_the_text_their_check_made(
+    service: RunService, lanes: LaneService, sql: Conn
+) -> None:
+    # A submit sends the JSON text its size check made (not psycopg's own,
+    # which escapes every non-ASCII character): what is stored must be the
+    # value given, in each insert (plain, with a key, a lane's request).
+    value = {
+        "text": 'caf\u00e9 \U0001f600 "quoted" back\\slash \\u0000 not a NUL \u2028',
+        "big": 123456789012345678901234567890,
+        "float": -0.5e-7,
+        "list": [None, True, {}, [], ""],
+    }
+    metadata = {"trace": "\u00fcber", "n": 1}
+    plain, _ = await service.submit("a", value, metadata=metadata)
+    keyed, _ = await service.submit("a", value, metadata=metadata, idempotency_key="k")
+    request, _ = await lanes.submit(
+        tenant="t", user_id="u", agent="a", thread_id="th", input=value, metadata=metadata
+    )
+    assert request.run_id is not None
+    for run_id in (plain.id, keyed.id, request.run_id):
+        row = sql.execute(
+            "SELECT input, metadata FROM runlane.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+        assert row == (value, metadata)
+    queued = sql.execute("SELECT input, metadata FROM runlane.requests").fetchall()
+    assert queued == [(value, metadata)]
 
 
 async def test_same_idempotency_key_returns_the_existing_run(service: RunService) -> None:
