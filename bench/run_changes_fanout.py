@@ -31,12 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import conninfo as pg_conninfo
-
 from bench.common import (
     ROOT,
-    admin_url,
+    backend_pids,
     bench_database,
     median,
     print_table,
@@ -46,7 +43,6 @@ from bench.common import (
     write_results,
 )
 
-APP_NAME = "runlane-bench-listener"
 # The last migration before the outcome write named its runs in batches.
 PER_RUN_UP_TO = 46
 SCHEMAS = {"per run": PER_RUN_UP_TO, "per batch": None}
@@ -70,16 +66,6 @@ async def listen(url: str) -> None:
     print(json.dumps({"notifications": hub.notifications, "cpu_s": time.process_time()}))
 
 
-def listener_backends(url: str) -> list[int]:
-    name = pg_conninfo.conninfo_to_dict(url)["dbname"]
-    with psycopg.connect(admin_url(), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
-            (name, APP_NAME),
-        ).fetchall()
-    return [int(row[0]) for row in rows]
-
-
 def one_measurement(up_to: int | None, n: int, concurrency: int, listeners: int) -> dict[str, Any]:
     from runlane.migrations import migrate
 
@@ -90,14 +76,15 @@ def one_measurement(up_to: int | None, n: int, concurrency: int, listeners: int)
                 "bench.run_changes_fanout",
                 ["--listen", url],
                 name=f"listener {i}",
-                env_extra={"PGAPPNAME": APP_NAME},
             )
             for i in range(listeners)
         ]
         try:
             for proc in procs:
                 proc.wait_ready()
-            backends = listener_backends(url)
+            # Before the worker starts, the listeners' are the database's
+            # only backends (their hubs' pools are never opened).
+            backends = backend_pids(url)
             assert len(backends) == listeners, backends
             procs_before = [proc.cpu_seconds() for proc in procs]
             backends_before = [process_cpu_seconds(pid) for pid in backends]
