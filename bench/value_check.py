@@ -51,9 +51,9 @@ def serialized_twice(value: Any) -> Buffer:
 
 
 def serialized_once(value: Any) -> Buffer:
-    text = json.dumps(value, ensure_ascii=False)
-    len(text.encode())
-    return as_parameter(jsonb_param(value, text))
+    encoded = json.dumps(value, ensure_ascii=False).encode()
+    len(encoded)
+    return as_parameter(jsonb_param(value, encoded))
 
 
 def transcript(turns: int) -> dict[str, Any]:

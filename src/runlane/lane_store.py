@@ -63,9 +63,9 @@ class NewRequest:
     priority: int = 0
     budget: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
-    # As NewRun's: the JSON text when already made.
-    input_json: str | None = None
-    metadata_json: str | None = None
+    # As NewRun's: the JSON in UTF-8 when already made.
+    input_json: bytes | None = None
+    metadata_json: bytes | None = None
 
 
 class LaneStore:

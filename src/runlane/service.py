@@ -48,10 +48,10 @@ def parse_run_id(value: str | UUID) -> UUID:
 class RunOptions:
     max_attempts: int
     budget: dict[str, Any]
-    # The input's and the metadata's JSON text, made by their size check
-    # and sent as they are (database.jsonb_param).
-    input_json: str
-    metadata_json: str | None
+    # The input's and the metadata's JSON in UTF-8, made by their size
+    # check and sent as they are (database.jsonb_param).
+    input_json: bytes
+    metadata_json: bytes | None
 
 
 class RunService:
@@ -248,20 +248,19 @@ class RunService:
             metadata_json=metadata_json,
         )
 
-    def check_storable(self, value: Any, *, what: str = "input") -> str:
+    def check_storable(self, value: Any, *, what: str = "input") -> bytes:
         """Refuses a value that could not be stored, or served back (see
-        json_values), or that is over max_input_bytes; returns its JSON
-        text, which its insert may send as it is."""
+        json_values), or that is over max_input_bytes; returns its JSON in
+        UTF-8, which its insert may send as it is."""
         problem = json_problem(value)
         if problem is not None:
             raise InvalidInput(f"{what}: {problem}")
-        text = json.dumps(value, ensure_ascii=False)
-        size = len(text.encode())
-        if size > self.settings.max_input_bytes:
+        encoded = json.dumps(value, ensure_ascii=False).encode()
+        if len(encoded) > self.settings.max_input_bytes:
             raise PayloadTooLarge(
-                f"{what} is {size} bytes; the limit is {self.settings.max_input_bytes}"
+                f"{what} is {len(encoded)} bytes; the limit is {self.settings.max_input_bytes}"
             )
-        return text
+        return encoded
 
 
 def _finite_number(value: Any) -> bool:

@@ -134,10 +134,10 @@ class NewRun:
     budget: dict[str, Any] | None = None
     idempotency_key: str | None = None
     metadata: dict[str, Any] | None = None
-    # The input's and the metadata's JSON text when already made (see
+    # The input's and the metadata's JSON in UTF-8 when already made (see
     # database.jsonb_param); else they are serialized here.
-    input_json: str | None = None
-    metadata_json: str | None = None
+    input_json: bytes | None = None
+    metadata_json: bytes | None = None
 
     @property
     def query(self) -> str:
