@@ -3,20 +3,22 @@ parked, and whether the churn of ``standing_claims`` adds to it.
 
     python -m bench.intake_lookup [--n 2000] [--runs 4] [--churn 2000] [--tag _s16]
 
-Since migration 0026, ``runlane.dispatch_head`` looks in
-``standing_claims`` for a parked worker before it inserts a lane's run
-(outside the relay). This measures lane submits (``submit_request``, the
-statement behind ``POST /v1/threads/{t}/requests``), each to a new
-thread so that each lane is idle and its request dispatched at intake,
-back to back from one connection, with no worker parked, in three states
-of ``standing_claims`` and two versions of ``dispatch_head``:
+Since migration 0026, the lane dispatch looks in ``standing_claims`` for a
+parked worker before it inserts a lane's run (outside the relay): since
+0048 in ``runlane.dispatch_request``, which the intake calls for its own
+request and ``runlane.dispatch_head`` for a lane's head. This measures
+lane submits (``submit_request``, the statement behind ``POST
+/v1/threads/{t}/requests``), each to a new thread so that each lane is
+idle and its request dispatched at intake, back to back from one
+connection, with no worker parked, in three states of
+``standing_claims`` and two versions of ``dispatch_request``:
 
 - ``fresh``: the table truncated and vacuumed;
 - ``churned``: after ``--churn`` park / unpark cycles of four workers
   (``claim_or_park`` that parks, then the unpark's DELETE), nothing
   vacuumed, as in a benchmark database with autovacuum off;
 - ``vacuumed``: the same after VACUUM;
-- in each state, ``dispatch_head`` as migrated (``look``) and the same
+- in each state, ``dispatch_request`` as migrated (``look``) and the same
   function with its look switched off (``no look``: the run inserted
   pending, as before 0026), the latter made in this benchmark's database
   only.
@@ -129,7 +131,7 @@ def run(
     sizes: list[dict[str, Any]] = []
     with bench_database("intake_lookup") as url, psycopg.connect(url, autocommit=True) as admin:
         row = admin.execute(
-            "SELECT pg_get_functiondef('runlane.dispatch_head'::regproc)"
+            "SELECT pg_get_functiondef('runlane.dispatch_request'::regproc)"
         ).fetchone()
         assert row is not None
         functions = {
@@ -137,7 +139,7 @@ def run(
             "no look": str(row[0]).replace(LOOK, f"IF false AND {LOOK[3:]}"),
         }
         if functions["no look"] == functions["look"]:
-            raise RuntimeError("dispatch_head has no look for a parked worker to switch off")
+            raise RuntimeError("dispatch_request has no look for a parked worker to switch off")
         for rnd in range(runs):
             for state in STATES:
                 if state == "fresh":

@@ -24,6 +24,7 @@ from bench import (
     api,
     backend_instructions,
     claim_cost,
+    intake_cpu,
     intake_latency,
     intake_lookup,
     listing,
@@ -140,7 +141,7 @@ def test_wakeup_statements_smoke(bench_env: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("connections", [1, 2])
 def test_intake_lookup_smoke(bench_env: str, tmp_path: Path, connections: int) -> None:
-    # Every state of standing_claims with both versions of dispatch_head,
+    # Every state of standing_claims with both versions of dispatch_request,
     # every round; the churned table's size is recorded each round.
     data = intake_lookup.run(120, 2, 20, connections=connections, out_dir=tmp_path)
     assert data["connections"] == connections
@@ -231,6 +232,32 @@ def test_run_changes_fanout_smoke(bench_env: str, tmp_path: Path) -> None:
     assert 0 < per_batch < per_run
     assert all(t["runs_per_s"] > 0 for t in data["trials"])
     assert (tmp_path / "run_changes_fanout_sync_off.json").exists()
+
+
+def test_intake_cpu_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Both schemas and both cases measured in each round, then paired.
+    data = intake_cpu.run(20, 1, out_dir=tmp_path)
+    assert [(t["schema"], t["case"]) for t in data["trials"]] == [
+        ("before", "new thread"),
+        ("before", "busy lane"),
+        ("after", "new thread"),
+        ("after", "busy lane"),
+    ]
+    assert all(t["wait_us"] > 0 for t in data["trials"])
+    assert set(data["medians"]) == {"new thread", "busy lane"}
+    assert (tmp_path / "intake_cpu_sync_off.json").exists()
+
+
+def test_intake_instructions_smoke(tmp_path: Path) -> None:
+    # Counted, not timed: since 0048 a submit runs fewer statements in
+    # both cases, and the counts must show it.
+    data = intake_cpu.count_instructions(
+        (2, 6), backend_instructions.embedded_bin(), out_dir=tmp_path
+    )
+    for case, per_submit in data["instructions_per_submit"].items():
+        assert 0 < per_submit["after"] < per_submit["before"], case
+    stored = json.loads((tmp_path / "intake_instructions.json").read_text())
+    assert stored["instructions"] == data["instructions"]
 
 
 def test_value_check_smoke(tmp_path: Path) -> None:

@@ -274,6 +274,71 @@ async def test_same_request_id_returns_the_existing_request_and_run(
     assert sql.execute("SELECT count(*) FROM runlane.runs").fetchone() == (1,)
 
 
+async def test_a_request_id_seen_again_uses_up_no_request_order(
+    lanes: LaneService, sql: Conn
+) -> None:
+    """The intake takes the next order in the lane's upsert (migration
+    0048); a request_id seen before gives it back, so the lane's count of
+    orders is what it was before the repeat."""
+    await submit(lanes, "t1", "one", request_id="r-1")
+    await submit(lanes, "t1", "two", request_id="r-2")
+    for _ in range(3):
+        await submit(lanes, "t1", "two", request_id="r-2")
+    third = await submit(lanes, "t1", "three", request_id="r-3")
+    assert sql.execute("SELECT last_request_order FROM runlane.lanes").fetchall() == [(3,)]
+    assert sql.execute(
+        "SELECT request_id, request_order FROM runlane.requests ORDER BY request_order"
+    ).fetchall() == [("r-1", 1), ("r-2", 2), ("r-3", 3)]
+    assert (third.status, third.position) == (RequestStatus.QUEUED, 2)
+
+
+async def test_each_submit_answers_the_request_as_it_is_stored(
+    lanes: LaneService, sql: Conn
+) -> None:
+    """The intake builds its answer from what it wrote instead of reading
+    the request back (migration 0048): in every branch, the answer is the
+    request as a read right after it finds it, position and run included."""
+
+    async def submitted(thread: str, text: str, request_id: str, policy: str = "enqueue") -> Any:
+        answer = await submit(lanes, thread, text, policy, request_id=request_id)
+        assert answer == await lanes.get_request(tenant=TENANT, request_id=request_id)
+        return answer
+
+    answers = [
+        await submitted("t1", "dispatched", "a"),
+        await submitted("t1", "queued first", "b"),
+        await submitted("t1", "queued second", "c"),
+        await submitted("t1", "steer", "d", policy="steer"),
+        await submitted("t1", "rejected", "e", policy="reject"),
+        await submitted("t2", "steer on an idle lane", "f", policy="steer"),
+    ]
+    # t3 left idle with two requests queued, as a crash between statements
+    # could leave it: the head, not the new request, is dispatched.
+    await submit(lanes, "t3", "old run", request_id="g")
+    await submit(lanes, "t3", "old head", request_id="h")
+    await submit(lanes, "t3", "old second", request_id="i")
+    sql.execute("SET session_replication_role = replica")
+    sql.execute(
+        "UPDATE runlane.runs SET status = 'completed', finished_at = now()"
+        " WHERE input->>'text' = 'old run'"
+    )
+    sql.execute("SET session_replication_role = origin")
+    answers.append(await submitted("t3", "behind the old queue", "j"))
+
+    got = {a.request_id: (a.status, a.position, a.run_id is not None) for a in answers}
+    assert got == {
+        "a": (RequestStatus.DISPATCHED, None, True),
+        "b": (RequestStatus.QUEUED, 1, False),
+        "c": (RequestStatus.QUEUED, 2, False),
+        "d": (RequestStatus.QUEUED, 1, False),
+        "e": (RequestStatus.REJECTED, None, False),
+        "f": (RequestStatus.DISPATCHED, None, True),
+        "j": (RequestStatus.QUEUED, 2, False),
+    }
+    head = await lanes.get_request(tenant=TENANT, request_id="h")
+    assert head.status is RequestStatus.DISPATCHED and head.run_id is not None
+
+
 async def test_same_request_id_with_other_input_or_lane_is_a_conflict(
     lanes: LaneService,
 ) -> None:
