@@ -33,6 +33,7 @@ package's. Results: ``bench/results/backend_instructions{tag}.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import shutil
@@ -40,6 +41,7 @@ import subprocess
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,22 @@ class Cluster:
         raise RuntimeError(f"no instruction total in {out}")
 
 
+@contextlib.contextmanager
+def throwaway_clusters(
+    names: Iterable[str], pg_bin: Path, prefix: str
+) -> Iterator[dict[str, Cluster]]:
+    """A cluster per name in a temporary folder the server's user owns,
+    removed at the end; counting them needs valgrind."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    user = server_user()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(tmp)
+        if user:
+            shutil.chown(root, user)
+        yield {name: Cluster(root, name, pg_bin, user) for name in names}
+
+
 def prepare(cluster: Cluster, up_to: int | None, sql: str | None, pending: int) -> None:
     from runlane.migrations import migrate
 
@@ -207,16 +225,9 @@ def run(
     events: int = 0,
     agents: list[str] | None = None,
 ) -> dict[str, Any]:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     started = time.monotonic()
-    user = server_user()
     few, many = loops
-    with tempfile.TemporaryDirectory(prefix="runlane-instructions-") as tmp:
-        root = Path(tmp)
-        if user:
-            shutil.chown(root, user)
-        clusters = {name: Cluster(root, name, pg_bin, user) for name in ("base", "exp")}
+    with throwaway_clusters(("base", "exp"), pg_bin, "runlane-instructions-") as clusters:
         # With --submit(-each) every iteration brings its own runs; otherwise the
         # longer loop's, and a batch to spare.
         pending = batch if submit or submit_each else (many + 1) * batch

@@ -7,7 +7,7 @@ alternating.
 
 Each round makes a new database per schema, ``before`` (migrations up to
 0047) and ``after`` (every migration; 0048 runs fewer statements per
-submit), and in each calls the function ``--n`` times from one
+submit, 0049 per relay), and in each calls the function ``--n`` times from one
 connection, each call its own transaction as the API's are, in two cases:
 
 - ``new thread``: every submit to a new thread, so a new lane whose
@@ -22,9 +22,12 @@ Python of the API: what the schema change alone does. Results:
 
 With ``--instructions`` the same two cases are counted by callgrind
 instead, as ``bench.backend_instructions`` counts (two throwaway
-clusters, one per schema, served by ``postgres --single``; per submit,
+clusters, one per schema, served by ``postgres --single``; per call,
 (I(N2) - I(N1)) / (N2 - N1) for the two ``--loops``), which shows a few
-per cent that CPU times on a shared machine cannot. Results:
+per cent that CPU times on a shared machine cannot; and two more cases:
+``head dispatched``, ``runlane.dispatch_head`` of an idle lane's queued
+request, as recovery calls it; ``relay``, a lane's run set completed with
+a request waiting, its trigger's relay dispatching it. Results:
 ``bench/results/intake_instructions{tag}.json``.
 """
 
@@ -32,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from bench.backend_instructions import Cluster, embedded_bin, server_user
+from bench.backend_instructions import Cluster, embedded_bin, throwaway_clusters
 from bench.common import (
     bench_database,
     median,
@@ -175,12 +176,32 @@ INSTRUCTION_SUBMITS = {
     "busy lane": "SELECT * FROM runlane.submit_request('default', 'default', 'bench',"
     f" 'busy-' || nextval('bench_submits') % {BUSY_LANES}, 'b-' || currval('bench_submits'),"
     " 'enqueue', '{}'::jsonb, 0, 3, '{}'::jsonb, '{}'::jsonb)",
+    # Not a submit: the dispatch of a lane's head as the relay and recovery
+    # make it, through runlane.dispatch_head, one of HEAD_LANES lanes left
+    # idle with a request queued (prepare_cluster) each time.
+    "head dispatched": "SELECT runlane.dispatch_head(l.id) FROM runlane.lanes AS l"
+    " WHERE l.tenant = 'default' AND l.user_id = 'default' AND l.agent = 'bench'"
+    # (The volatile nextval in a subquery, so that the lane is found by its
+    # unique index rather than by reading every lane.)
+    " AND l.thread_id = (SELECT 'head-' || nextval('bench_heads'))",
+    # A lane's run ending completed, with a request waiting: the outcome's
+    # row update and the relay its trigger runs (runlane.relay_lane), which
+    # dispatches the request. One of HEAD_LANES lanes each time.
+    "relay": "UPDATE runlane.runs SET status = 'completed', finished_at = now()"
+    " WHERE status = 'pending' AND lane_id = (SELECT l.id FROM runlane.lanes AS l"
+    " WHERE l.tenant = 'default' AND l.user_id = 'default' AND l.agent = 'bench'"
+    " AND l.thread_id = (SELECT 'relay-' || nextval('bench_relays')))",
 }
+# Enough lanes for the longer loop.
+HEAD_LANES = 1000
 
 
 def prepare_cluster(cluster: Cluster, up_to: int | None) -> None:
     """Migrated up to ``up_to``, with its busy lanes (each one's first
-    request dispatched) and as many new-thread submits of history."""
+    request dispatched), as many new-thread submits of history, and
+    HEAD_LANES lanes left idle with one request queued: their first run
+    ended without its relay (triggers off), as a crash could leave it; and
+    HEAD_LANES lanes whose run is pending with one request queued."""
     from runlane.migrations import migrate
 
     cluster.init()
@@ -192,6 +213,22 @@ def prepare_cluster(cluster: Cluster, up_to: int | None) -> None:
             for _ in range(BUSY_LANES):
                 conn.execute(INSTRUCTION_SUBMITS["busy lane"])
                 conn.execute(INSTRUCTION_SUBMITS["new thread"])
+            conn.execute("CREATE SEQUENCE bench_heads")
+            conn.execute("CREATE SEQUENCE bench_relays")
+            for i in range(1, HEAD_LANES + 1):
+                for thread in (f"head-{i}", f"relay-{i}"):
+                    for request in ("first", "queued"):
+                        conn.execute(
+                            "SELECT FROM runlane.submit_request('default', 'default', 'bench',"
+                            " %s, %s, 'enqueue', '{}'::jsonb, 0, 3, '{}'::jsonb, '{}'::jsonb)",
+                            (thread, f"{thread}-{request}"),
+                        )
+            with conn.transaction():
+                conn.execute("SET LOCAL session_replication_role = replica")
+                conn.execute(
+                    "UPDATE runlane.runs SET status = 'completed', finished_at = now()"
+                    " WHERE thread_id LIKE 'head-%'"
+                )
             conn.execute("VACUUM ANALYZE")
             conn.execute("CHECKPOINT")
     finally:
@@ -201,15 +238,8 @@ def prepare_cluster(cluster: Cluster, up_to: int | None) -> None:
 def count_instructions(
     loops: tuple[int, int], pg_bin: Path, *, tag: str = "", out_dir: Path | None = None
 ) -> dict[str, Any]:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
-    user = server_user()
     few, many = loops
-    with tempfile.TemporaryDirectory(prefix="runlane-intake-instructions-") as tmp:
-        root = Path(tmp)
-        if user:
-            shutil.chown(root, user)
-        clusters = {schema: Cluster(root, schema, pg_bin, user) for schema in SCHEMAS}
+    with throwaway_clusters(SCHEMAS, pg_bin, "runlane-intake-instructions-") as clusters:
         for schema, cluster in clusters.items():
             prepare_cluster(cluster, SCHEMAS[schema])
         with ThreadPoolExecutor(2) as pool:
@@ -238,7 +268,7 @@ def count_instructions(
         case: round(values["after"] / values["before"], 4) for case, values in per_submit.items()
     }
     table = print_table(
-        ["instructions per submit", "before", "after", "after / before"],
+        ["instructions per call", "before", "after", "after / before"],
         [[case, v["before"], v["after"], ratios[case]] for case, v in per_submit.items()],
     )
     version = subprocess.run(
@@ -246,7 +276,9 @@ def count_instructions(
     ).stdout.strip()
     data = {
         "benchmark": "instructions of a PostgreSQL backend (single-user mode, callgrind) per"
-        " runlane.submit_request call (prepared), migrations up to 0047 against all",
+        " runlane.submit_request call (prepared), per runlane.dispatch_head of an idle"
+        " lane's queued head, and per relay (a lane's run set completed, a request"
+        " waiting), migrations up to 0047 against all",
         "postgres": version,
         "loops": list(loops),
         "instructions": totals,

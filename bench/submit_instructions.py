@@ -31,9 +31,7 @@ columns pay it alike. Results: ``bench/results/submit_instructions{tag}.json``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +39,7 @@ from typing import Any
 
 import psycopg
 
-from bench.backend_instructions import Cluster, embedded_bin, server_user
+from bench.backend_instructions import Cluster, embedded_bin, throwaway_clusters
 from bench.common import print_table, write_results
 
 MODES = ("plain", "push")
@@ -127,17 +125,10 @@ def run(
     out_dir: Path | None = None,
     history: int = HISTORY,
 ) -> dict[str, Any]:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     started = time.monotonic()
-    user = server_user()
     few, many = loops
     texts = {"base": insert_run_of(base_queries), "exp": insert_run_of(queries)}
-    with tempfile.TemporaryDirectory(prefix="runlane-submit-instructions-") as tmp:
-        root = Path(tmp)
-        if user:
-            shutil.chown(root, user)
-        clusters = {name: Cluster(root, name, pg_bin, user) for name in ("base", "exp")}
+    with throwaway_clusters(("base", "exp"), pg_bin, "runlane-submit-instructions-") as clusters:
         statements = {
             name: prepare(cluster, sql if name == "exp" else None, texts[name], history)
             for name, cluster in clusters.items()

@@ -230,7 +230,7 @@ BEGIN
                 RETURN;
             END IF;
             dispatched_run_id := runlane.dispatch_request(lane, stored);
-            -- Written as dispatch_head wrote it, in this transaction (now()).
+            -- As dispatch_request wrote it, in this transaction (now()).
             stored.status := 'dispatched';
             stored.run_id := dispatched_run_id;
             stored.dispatched_at := now();
