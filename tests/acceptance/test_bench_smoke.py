@@ -260,6 +260,10 @@ def test_intake_instructions_smoke(tmp_path: Path) -> None:
         assert 0 < per_call[case]["after"] < 0.95 * per_call[case]["before"], case
     head = per_call["head dispatched"]
     assert 0.95 < head["after"] / head["before"] < 1.05
+    # The relay (0049) reads its lane once and dispatches without
+    # dispatch_head's reads: not more than before 0048.
+    relay = per_call["relay"]
+    assert 0.9 < relay["after"] / relay["before"] < 1.0
     stored = json.loads((tmp_path / "intake_instructions.json").read_text())
     assert stored["instructions"] == data["instructions"]
 
