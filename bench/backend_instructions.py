@@ -177,6 +177,13 @@ class Cluster:
         raise RuntimeError(f"no instruction total in {out}")
 
 
+def postgres_version(pg_bin: Path) -> str:
+    """What the counted server's binary says it is, for the results."""
+    return subprocess.run(
+        [str(pg_bin / "postgres"), "--version"], check=True, text=True, capture_output=True
+    ).stdout.strip()
+
+
 @contextlib.contextmanager
 def throwaway_clusters(
     names: Iterable[str], pg_bin: Path, prefix: str
@@ -262,9 +269,7 @@ def run(
         name: round((totals[f"{name}_{many}"] - totals[f"{name}_{few}"]) / ((many - few) * batch))
         for name in clusters
     }
-    version = subprocess.run(
-        [str(pg_bin / "postgres"), "--version"], check=True, text=True, capture_output=True
-    ).stdout.strip()
+    version = postgres_version(pg_bin)
     data: dict[str, Any] = {
         "benchmark": "instructions of a PostgreSQL backend (single-user mode, callgrind) per"
         " claimed and finished run: the schema as migrated (base) against the same with"

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,12 @@ from typing import Any
 
 import psycopg
 
-from bench.backend_instructions import Cluster, embedded_bin, throwaway_clusters
+from bench.backend_instructions import (
+    Cluster,
+    embedded_bin,
+    postgres_version,
+    throwaway_clusters,
+)
 from bench.common import (
     bench_database,
     median,
@@ -271,9 +275,7 @@ def count_instructions(
         ["instructions per call", "before", "after", "after / before"],
         [[case, v["before"], v["after"], ratios[case]] for case, v in per_submit.items()],
     )
-    version = subprocess.run(
-        [str(pg_bin / "postgres"), "--version"], check=True, text=True, capture_output=True
-    ).stdout.strip()
+    version = postgres_version(pg_bin)
     data = {
         "benchmark": "instructions of a PostgreSQL backend (single-user mode, callgrind) per"
         " runlane.submit_request call (prepared), per runlane.dispatch_head of an idle"

@@ -31,7 +31,6 @@ columns pay it alike. Results: ``bench/results/submit_instructions{tag}.json``.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +38,12 @@ from typing import Any
 
 import psycopg
 
-from bench.backend_instructions import Cluster, embedded_bin, throwaway_clusters
+from bench.backend_instructions import (
+    Cluster,
+    embedded_bin,
+    postgres_version,
+    throwaway_clusters,
+)
 from bench.common import print_table, write_results
 
 MODES = ("plain", "push")
@@ -152,9 +156,7 @@ def run(
         }
         for mode in MODES
     }
-    version = subprocess.run(
-        [str(pg_bin / "postgres"), "--version"], check=True, text=True, capture_output=True
-    ).stdout.strip()
+    version = postgres_version(pg_bin)
     data: dict[str, Any] = {
         "benchmark": "instructions of a PostgreSQL backend (single-user mode, callgrind) per"
         " submit (insert_run, prepared): plain (no worker parked) and push (a worker parked"
