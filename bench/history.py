@@ -2,7 +2,8 @@
 100,000 and 1,000,000 finished runs in the tables.
 
 One database per history size, filled in bulk (generate_series) with
-completed runs and their attempt rows, then VACUUM ANALYZE. Each round, in
+completed runs, each with its attempt on the run (migration 0050; until
+then a run_attempts row each), then VACUUM ANALYZE. Each round, in
 every database in turn: M submits one at a time (``RunService.submit``),
 M single claims (``RunStore.claim_batch(limit=1)``), M fenced finishes one
 at a time (``RunStore.finish_attempts_status``, the worker's), and M claims
@@ -63,23 +64,21 @@ def fill_history(url: str, n: int) -> float:
         chunk = 200_000
         for low in range(0, n, chunk):
             high = min(n, low + chunk)
+            # Each run's one attempt on the run, as the outcome write keeps
+            # a run's last attempt since migration 0050 (no run_attempts row).
             conn.execute(
                 """
-                WITH made AS (
-                    INSERT INTO runlane.runs (agent, input, output, status, max_attempts,
-                                              attempts, claim_count, created_at, started_at,
-                                              finished_at, available_at)
-                    SELECT %s, jsonb_build_object('i', g), jsonb_build_object('ok', true),
-                           'completed', 3, 1, 1, ts, ts, ts + interval '1 second', ts
-                    FROM generate_series(%s::bigint, %s::bigint) AS g,
-                         LATERAL (SELECT now() - interval '7 days'
-                                         + (g * interval '7 days') / %s AS ts) AS t
-                    RETURNING id, started_at, finished_at
-                )
-                INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token,
-                                                  started_at, ended_at, outcome)
-                SELECT id, 1, 'history', gen_random_uuid(), started_at, finished_at, 'completed'
-                FROM made
+                INSERT INTO runlane.runs (agent, input, output, status, max_attempts,
+                                          attempts, claim_count, created_at, started_at,
+                                          finished_at, available_at, attempt_started_at,
+                                          attempt_worker_id, attempt_lease_token,
+                                          attempt_ended_at, attempt_outcome)
+                SELECT %s, jsonb_build_object('i', g), jsonb_build_object('ok', true),
+                       'completed', 3, 1, 1, ts, ts, ts + interval '1 second', ts, ts,
+                       'history', gen_random_uuid(), ts + interval '1 second', 'completed'
+                FROM generate_series(%s::bigint, %s::bigint) AS g,
+                     LATERAL (SELECT now() - interval '7 days'
+                                     + (g * interval '7 days') / %s AS ts) AS t
                 """,
                 (AGENT, low + 1, high, max(n, 1)),
             )

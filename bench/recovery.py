@@ -72,7 +72,7 @@ def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict
             """
             SELECT extract(epoch FROM a.ended_at), (r.output ->> 'started')::float8
             FROM runlane.runs AS r
-            JOIN runlane.run_attempts AS a ON a.run_id = r.id AND a.attempt = 1
+            JOIN runlane.attempts AS a ON a.run_id = r.id AND a.attempt = 1
             WHERE a.outcome = 'lease_expired'
             """
         ).fetchall()

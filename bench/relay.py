@@ -8,7 +8,7 @@ first is dispatched, the rest queue), then a worker process (mode
 handler clocks (run N+1's handler start - run N's handler end, which
 includes writing N's outcome, the relay trigger dispatching N+1 with its
 NOTIFY, the wake-up and the claim) and database clocks
-(run_attempts.started_at of N+1 - ended_at of N).
+(the attempts' started_at of N+1 - ended_at of N).
 
 Many lanes: L lanes x 10 requests are submitted (lanes concurrently, each
 lane's requests in order), then a worker (concurrency 50) drains them.
@@ -99,7 +99,7 @@ def one_lane_gaps(url: str) -> dict[str, Any]:
             """
             SELECT (r.output ->> 'started')::float8, (r.output ->> 'ended')::float8,
                    extract(epoch FROM a.started_at), extract(epoch FROM a.ended_at)
-            FROM runlane.runs AS r JOIN runlane.run_attempts AS a ON a.run_id = r.id
+            FROM runlane.runs AS r JOIN runlane.attempts AS a ON a.run_id = r.id
             ORDER BY a.started_at, r.seq
             """
         ).fetchall()

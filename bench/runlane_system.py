@@ -76,7 +76,8 @@ LISTING_RESTORED = (
 # call resets them); the listing of 0030 (runlane-listing-on-runs puts the
 # listing indexes back on runs); the attempt rows of 0035, written at the
 # attempt's end (runlane-attempts-at-claim puts back the claim of 0034 and
-# the outcome write of 0032, which wrote them at the claim).
+# the outcome write of 0032, which wrote them at the claim; the functions'
+# latest versions come back).
 RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
     (
         "SELECT 'plan_cache_mode=force_generic_plan' = ANY(proconfig) FROM pg_proc"
@@ -94,7 +95,7 @@ RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
         lambda: (
             "ALTER TABLE runlane.run_attempts SET (fillfactor = 100); "
             + "; ".join(
-                migration_function(35, name)
+                latest_function(name)
                 for name in ("claim_uncapped_runs", "claim_capped_runs", "finish_attempts")
             )
         ),
@@ -105,6 +106,14 @@ RESTORES: tuple[tuple[str, Callable[[], str]], ...] = (
 def migration_sql(version: int) -> str:
     """The SQL of one of runlane's migrations (experiments put pieces back)."""
     return next(m.sql for m in available_migrations() if m.version == version)
+
+
+def latest_function(name: str) -> str:
+    """The definition of function runlane.``name`` in the last migration
+    that defines it: what an experiment that replaced it puts back."""
+    marker = f"CREATE OR REPLACE FUNCTION runlane.{name}("
+    version = max(m.version for m in available_migrations() if marker in m.sql)
+    return migration_function(version, name)
 
 
 def migration_function(version: int, name: str) -> str:
@@ -168,7 +177,7 @@ def window(url: str) -> tuple[float, float]:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             """
-            SELECT extract(epoch FROM (SELECT min(started_at) FROM runlane.run_attempts)),
+            SELECT extract(epoch FROM (SELECT min(started_at) FROM runlane.runs)),
                    extract(epoch FROM (SELECT max(finished_at) FROM runlane.runs))
             """
         ).fetchone()

@@ -49,10 +49,11 @@ change the benchmark database or the worker's settings, never src/.
   (``RUNLANE_BENCH_BASELINE_SRC``, its ``src/``), for a before/after ratio
   measured in the same rounds; ``runlane-other`` the same with
   ``RUNLANE_BENCH_OTHER_SRC``, for a third code in the same rounds.
-- ``runlane-no-run-changes-notify``: the outcome write of migration 0035
-  without its per-run ``pg_notify('runlane_run_changes', ...)`` (the API
-  streams' wake-up), which every listening backend of the database is
-  signalled for and reads.
+- ``runlane-no-run-changes-notify``: the latest outcome write without
+  its ``pg_notify('runlane_run_changes', ...)`` (the API streams'
+  wake-up; one per run until migration 0047, one per 200 ended runs
+  since), which every listening backend of the database is signalled for
+  and reads.
 """
 
 from __future__ import annotations
@@ -165,14 +166,16 @@ def attempts_at_claim() -> str:
     )
 
 
-# The outcome write of migration 0035 without its per-run NOTIFY on
-# runlane_run_changes (the API's streams' wake-up).
+# The latest outcome write without its NOTIFY on runlane_run_changes (the
+# API's streams' wake-up).
 def no_run_changes_notify() -> str:
-    sql = runlane_system.migration_function(35, "finish_attempts")
+    sql = runlane_system.latest_function("finish_attempts")
     cut = """
         UNION ALL
-        SELECT pg_notify('runlane_run_changes', finished.id::text) FROM finished
-        WHERE finished.status IN ('completed', 'failed', 'dead', 'cancelled', 'interrupted')"""
+        SELECT pg_notify('runlane_run_changes', string_agg(finished.id::text, ','))
+        FROM finished
+        WHERE finished.status IN ('completed', 'failed', 'dead', 'cancelled', 'interrupted')
+        GROUP BY (finished.lock_order - 1) / 200"""
     assert cut in sql
     return sql.replace(cut, "")
 

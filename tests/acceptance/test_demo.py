@@ -45,8 +45,7 @@ def events(sql: psycopg.Connection[Any], run_id: Any) -> list[tuple[int, str, An
 
 def attempts(sql: psycopg.Connection[Any], run_id: Any) -> list[tuple[int, str | None, Any]]:
     return sql.execute(
-        "SELECT attempt, outcome, error FROM runlane.run_attempts WHERE run_id = %s "
-        "ORDER BY attempt",
+        "SELECT attempt, outcome, error FROM runlane.attempts WHERE run_id = %s ORDER BY attempt",
         (run_id,),
     ).fetchall()
 

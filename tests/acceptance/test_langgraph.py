@@ -415,8 +415,7 @@ async def test_a_retried_attempt_continues_from_the_graph_checkpoint(
     assert [m["type"] for m in done.output["messages"]] == ["human", "ai", "tool", "ai"]
     # The tool's runlane.Retry reached the worker as itself (no backoff).
     outcomes = sql.execute(
-        "SELECT outcome, error->>'code' FROM runlane.run_attempts WHERE run_id = %s"
-        " ORDER BY attempt",
+        "SELECT outcome, error->>'code' FROM runlane.attempts WHERE run_id = %s ORDER BY attempt",
         (run.id,),
     ).fetchall()
     assert outcomes == [("retry", "retry_requested"), ("completed", None)]

@@ -230,21 +230,21 @@ CHECKS: dict[str, str] = {
     # held the lease (the row's attempt number names the writer's token).
     "events written under a stale lease token": """
         SELECT count(*) FROM runlane.run_events AS e
-        LEFT JOIN runlane.run_attempts AS a ON a.run_id = e.run_id AND a.attempt = e.attempt
+        LEFT JOIN runlane.attempts AS a ON a.run_id = e.run_id AND a.attempt = e.attempt
         WHERE a.lease_token IS NULL OR a.lease_token::text <> e.data ->> 'lease_token'""",
     "effects recorded under a stale lease token": """
         SELECT count(*) FROM runlane.run_effects AS f
-        LEFT JOIN runlane.run_attempts AS a ON a.run_id = f.run_id AND a.attempt = f.attempt
+        LEFT JOIN runlane.attempts AS a ON a.run_id = f.run_id AND a.attempt = f.attempt
         WHERE a.lease_token IS NULL OR a.lease_token::text <> f.result ->> 'lease_token'""",
     "checkpoints saved under a stale lease token": """
         SELECT count(*) FROM runlane.runs AS r
-        LEFT JOIN runlane.run_attempts AS a
+        LEFT JOIN runlane.attempts AS a
             ON a.run_id = r.id AND a.attempt = (r.checkpoint ->> 'attempt')::int
         WHERE r.checkpoint IS NOT NULL
           AND (a.lease_token IS NULL OR a.lease_token::text <> r.checkpoint ->> 'lease_token')""",
     "completions not written by the run's last attempt": """
         SELECT count(*) FROM runlane.runs AS r
-        JOIN runlane.run_attempts AS a ON a.run_id = r.id AND a.attempt = r.claim_count
+        JOIN runlane.attempts AS a ON a.run_id = r.id AND a.attempt = r.claim_count
         WHERE r.status = 'completed'
           AND (a.outcome <> 'completed' OR a.lease_token::text <> r.output ->> 'lease_token')""",
     "fenced writes by an execution the ledger never saw": """
@@ -272,7 +272,7 @@ CHECKS: dict[str, str] = {
             ON later.run_id = earlier.run_id AND later.attempt > earlier.attempt
         WHERE later.exec_started_at < earlier.exec_ended_at""",
     "attempts that never had a lease logged": """
-        SELECT count(*) FROM runlane.run_attempts AS a
+        SELECT count(*) FROM runlane.attempts AS a
         WHERE NOT EXISTS (SELECT 1 FROM faults.lease_log AS g
                           WHERE g.lease_token = a.lease_token)""",
     # Per lane, runs start in request order, one after the other: run n+1 is
@@ -306,13 +306,13 @@ CHECKS: dict[str, str] = {
     "runs claimed more than max_attempts times": """
         SELECT count(*) FROM runlane.runs AS r
         WHERE r.attempts > r.max_attempts OR r.claim_count > r.max_attempts
-           OR (SELECT count(*) FROM runlane.run_attempts AS a WHERE a.run_id = r.id)
+           OR (SELECT count(*) FROM runlane.attempts AS a WHERE a.run_id = r.id)
               > r.max_attempts
            OR (SELECT count(*) FROM faults.ledger AS l WHERE l.run_id = r.id) > r.max_attempts""",
     # Exhausted runs are dead, and dead runs are exhausted.
     "exhausted runs not dead": """
         SELECT count(*) FROM runlane.runs AS r
-        JOIN runlane.run_attempts AS a ON a.run_id = r.id AND a.attempt = r.claim_count
+        JOIN runlane.attempts AS a ON a.run_id = r.id AND a.attempt = r.claim_count
         WHERE r.attempts = r.max_attempts AND a.outcome <> 'completed' AND r.status <> 'dead'""",
     "dead runs with attempts left": """
         SELECT count(*) FROM runlane.runs
@@ -324,12 +324,12 @@ CHECKS: dict[str, str] = {
     "runs without their request": """
         SELECT count(*) FROM runlane.runs AS r
         WHERE NOT EXISTS (SELECT 1 FROM runlane.requests AS q WHERE q.run_id = r.id)""",
-    # An attempt's row is written when it ends (migration 0035), by the
-    # outcome write or the reaper: once every run has ended, each claim
-    # left exactly one row.
+    # An ended attempt is kept by the outcome write or the reaper, in a row
+    # or on its run when it was the run's last (migrations 0035, 0050):
+    # once every run has ended, each claim left exactly one attempt.
     "runs whose attempts are not all recorded": """
         SELECT count(*) FROM runlane.runs AS r
-        WHERE r.claim_count <> (SELECT count(*) FROM runlane.run_attempts AS a
+        WHERE r.claim_count <> (SELECT count(*) FROM runlane.attempts AS a
                                 WHERE a.run_id = r.id)""",
     # run_attempts has no foreign key (migration 0027): each row names a
     # stored run, and one of that run's claims.
@@ -348,7 +348,7 @@ SELECT a.run_id, a.attempt, a.lease_token, a.outcome, a.worker_id,
        a.started_at AS claimed_at, a.ended_at,
        least(a.ended_at, g.last_expires_at) AS lease_ended_at,
        l.started_at AS exec_started_at, l.ended_at AS exec_ended_at, l.pid
-FROM runlane.run_attempts AS a
+FROM runlane.attempts AS a
 LEFT JOIN faults.lease_log AS g ON g.lease_token = a.lease_token
 LEFT JOIN faults.ledger AS l ON l.lease_token = a.lease_token
 """
@@ -419,10 +419,8 @@ def figures(
         "kills": len(fleet.kills),
         "workers_started": fleet.started,
         "chaos_ticks_with_no_worker_serving_yet": fleet.idle_ticks,
-        "workers_that_claimed_runs": one(
-            "SELECT count(DISTINCT worker_id) FROM runlane.run_attempts"
-        ),
-        "attempts": one("SELECT count(*) FROM runlane.run_attempts"),
+        "workers_that_claimed_runs": one("SELECT count(DISTINCT worker_id) FROM runlane.attempts"),
+        "attempts": one("SELECT count(*) FROM runlane.attempts"),
         "executions_in_ledger": one("SELECT count(*) FROM faults.ledger"),
         "leases_expired_after_a_kill": expired_by_kill,
         "leases_expired_otherwise": expired_other,

@@ -224,7 +224,7 @@ async def test_paused_owner_writes_nothing_that_sticks_and_stops_its_runs(
             UNION ALL
             SELECT f.run_id, f.result, f.created_at, f.attempt FROM runlane.run_effects AS f
         ) AS w
-        JOIN runlane.run_attempts AS taken ON taken.run_id = w.run_id AND taken.attempt = 2
+        JOIN runlane.attempts AS taken ON taken.run_id = w.run_id AND taken.attempt = 2
         WHERE (w.data ->> 'pid')::int = %s AND w.run_id = ANY(%s)
           AND (w.attempt <> 1 OR w.created_at >= taken.started_at)""",
         old.pid,

@@ -51,7 +51,7 @@ async def test_a_lanes_next_run_starts_in_the_transaction_that_ended_the_last(
     # Each next attempt began at its predecessor's end: the same
     # transaction (now() is the transaction's start).
     rows = sql.execute(
-        "SELECT a.started_at, a.ended_at FROM runlane.run_attempts AS a"
+        "SELECT a.started_at, a.ended_at FROM runlane.attempts AS a"
         " JOIN runlane.runs AS r ON r.id = a.run_id ORDER BY a.started_at"
     ).fetchall()
     assert [rows[i + 1][0] == rows[i][1] for i in range(len(rows) - 1)] == [True] * (len(texts) - 1)

@@ -90,23 +90,23 @@ async def test_eight_claimers_never_share_a_leased_run(
     # attempts counts every claim, and no run was claimed more than allowed.
     mismatched = sql.execute(
         "SELECT r.id FROM runlane.runs r"
-        " JOIN (SELECT run_id, count(*) AS n FROM runlane.run_attempts GROUP BY run_id) a"
+        " JOIN (SELECT run_id, count(*) AS n FROM runlane.attempts GROUP BY run_id) a"
         "   ON a.run_id = r.id"
         " WHERE a.n <> r.attempts OR r.attempts > r.max_attempts"
     ).fetchall()
     assert mismatched == []
-    assert sql.execute("SELECT count(*) FROM runlane.run_attempts").fetchone() == (
+    assert sql.execute("SELECT count(*) FROM runlane.attempts").fetchone() == (
         RUNS + len(abandoned),
     )
     # No claim overlapped the previous attempt's live lease: each later
     # claim started after the earlier lease ran out (by the database clock).
     overlaps = sql.execute(
-        "SELECT a.run_id FROM runlane.run_attempts a"
-        " JOIN runlane.run_attempts b ON b.run_id = a.run_id AND b.attempt = a.attempt + 1"
+        "SELECT a.run_id FROM runlane.attempts a"
+        " JOIN runlane.attempts b ON b.run_id = a.run_id AND b.attempt = a.attempt + 1"
         " WHERE b.started_at < a.started_at + make_interval(secs => %s)",
         (LEASE_SECONDS,),
     ).fetchall()
     assert overlaps == []
     assert sql.execute(
-        "SELECT count(*) FROM runlane.run_attempts WHERE outcome = 'lease_expired'"
+        "SELECT count(*) FROM runlane.attempts WHERE outcome = 'lease_expired'"
     ).fetchone() == (len(abandoned),)

@@ -53,7 +53,7 @@ async def test_pruner_deletes_old_finished_runs_with_their_history(
     left = {row[0] for row in sql.execute("SELECT id FROM runlane.runs").fetchall()}
     assert left == {kept.id, dead.id, pending.id}
     assert sql.execute(
-        "SELECT count(*) FROM runlane.run_attempts WHERE run_id = %s", (old.id,)
+        "SELECT count(*) FROM runlane.attempts WHERE run_id = %s", (old.id,)
     ).fetchone() == (0,)
     assert sql.execute(
         "SELECT count(*) FROM runlane.run_events WHERE run_id = %s", (old.id,)

@@ -116,15 +116,17 @@ async def test_the_outcome_write_finds_the_run_by_primary_key(
         assert rows_read(sql, "runs") - rows_before < 10
 
 
-async def test_an_attempts_row_is_written_once_at_its_end(
+async def test_an_ended_attempt_is_written_once_and_in_a_row_only_when_retried(
     leased: list[tuple[UUID, UUID]], sql: Conn
 ) -> None:
     # Migration 0035: the claim writes no attempt row (the leased run holds
-    # the attempt in progress: its number, worker, token and start), and
-    # the outcome write inserts each ended attempt's row whole, without
-    # reading run_attempts.
+    # the attempt in progress: its number, worker, token and start).
+    # Migration 0050: the outcome write keeps a run's last attempt on the
+    # run, and inserts a row whole only for an attempt that another will
+    # follow (a retry), without reading run_attempts.
     ended = leased[:200]
     run_ids = [run_id for run_id, _ in ended]
+    retried = set(run_ids[:50])
     held = {
         row[0]: row[1:]
         for row in sql.execute(
@@ -138,10 +140,11 @@ async def test_an_attempts_row_is_written_once_at_its_end(
     assert sql.execute(
         "SELECT count(*) FROM runlane.run_attempts WHERE run_id = ANY(%s)", (run_ids,)
     ).fetchone() == (0,)
+    outcomes = ["retry" if run_id in retried else "completed" for run_id in run_ids]
     params: dict[str, Any] = {
         "run_ids": run_ids,
         "lease_tokens": [token for _, token in ended],
-        "outcomes": ["completed"] * len(ended),
+        "outcomes": outcomes,
         "outputs": [None] * len(ended),
         "errors": [None] * len(ended),
         "retry_delays": [None] * len(ended),
@@ -156,13 +159,22 @@ async def test_an_attempts_row_is_written_once_at_its_end(
         assert len(finished) == len(ended)
         assert index_scans(sql, "run_attempts") == scans_before
         assert rows_read(sql, "run_attempts") == rows_before
-    written = sql.execute(
+    in_rows = {
+        row[0]
+        for row in sql.execute(
+            "SELECT run_id FROM runlane.run_attempts WHERE run_id = ANY(%s)", (run_ids,)
+        ).fetchall()
+    }
+    assert in_rows == retried
+    attempts = sql.execute(
         "SELECT run_id, attempt, worker_id, lease_token, started_at, outcome, ended_at IS NOT NULL"
-        " FROM runlane.run_attempts WHERE run_id = ANY(%s)",
+        " FROM runlane.attempts WHERE run_id = ANY(%s)",
         (run_ids,),
     ).fetchall()
-    assert {row[0]: row[1:] for row in written} == {
-        run_id: (*held[run_id], "completed", True) for run_id in run_ids
+    assert len(attempts) == len(run_ids)
+    assert {row[0]: row[1:] for row in attempts} == {
+        run_id: (*held[run_id], outcome, True)
+        for run_id, outcome in zip(run_ids, outcomes, strict=True)
     }
 
 

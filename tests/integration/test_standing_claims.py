@@ -89,7 +89,7 @@ async def test_an_idle_worker_is_pushed_the_run_a_submit_stores(
     assert started == [(run.id, 1), (second.id, 1)]
     # The attempt row is the one a claim writes, and the run ran once.
     attempts = sql.execute(
-        "SELECT attempt, worker_id, outcome FROM runlane.run_attempts WHERE run_id = %s",
+        "SELECT attempt, worker_id, outcome FROM runlane.attempts WHERE run_id = %s",
         (run.id,),
     ).fetchall()
     assert attempts == [(1, worker.worker_id, "completed")]
@@ -150,7 +150,7 @@ async def test_a_request_to_an_idle_lane_is_pushed_and_its_lane_keeps_its_order(
     # Each ran once: one attempt row per run, the worker's.
     attempts = sql.execute(
         "SELECT count(*), count(DISTINCT run_id), min(worker_id), max(worker_id)"
-        " FROM runlane.run_attempts WHERE outcome = 'completed'"
+        " FROM runlane.attempts WHERE outcome = 'completed'"
     ).fetchone()
     assert attempts == (5, 5, worker.worker_id, worker.worker_id)
 
@@ -270,7 +270,7 @@ async def test_a_run_pushed_to_a_worker_that_died_is_recovered(
         done = await wait_for_status(service, run.id, RunStatus.COMPLETED)
     assert started == [(run.id, 2)]
     outcomes = sql.execute(
-        "SELECT attempt, worker_id, outcome FROM runlane.run_attempts"
+        "SELECT attempt, worker_id, outcome FROM runlane.attempts"
         " WHERE run_id = %s ORDER BY attempt",
         (run.id,),
     ).fetchall()

@@ -286,8 +286,12 @@ async def test_claim_counts_an_attempt_that_its_end_records(
         (run.id,),
     ).fetchone()
     assert lease_left is not None and 25 < float(lease_left[0]) <= 30
-    # ...and its end writes its row, with the same start.
+    # ...and so is the ended attempt, when it was the run's last (migration
+    # 0050), with the same start.
     await store.finish_attempt(run.id, claimed.lease_token, Outcome.COMPLETED)
+    assert sql.execute(
+        "SELECT count(*) FROM runlane.run_attempts WHERE run_id = %s", (run.id,)
+    ).fetchone() == (0,)
     (ended,) = await store.list_attempts(run.id)
     assert (ended.attempt, ended.worker_id, ended.lease_token, ended.started_at) == (
         1,
@@ -339,6 +343,56 @@ async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store:
     assert abs(along[0].deadline_in_seconds - left) < 5
 
 
+async def test_a_runs_attempts_read_the_same_wherever_each_is_kept(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # Migration 0050: a retried attempt gets its row at once, the last one
+    # stays on the run, and a re-queue moves it to its row before the next
+    # claim. The attempts a run shows, in order and whole, are the same
+    # through all of it, and each is stored once.
+    run, _ = await service.submit("a", {}, max_attempts=2)
+
+    def stored() -> tuple[int, int]:
+        row = sql.execute(
+            "SELECT (SELECT count(*) FROM runlane.run_attempts WHERE run_id = %(id)s),"
+            " (SELECT count(*) FROM runlane.runs WHERE id = %(id)s"
+            "  AND attempt_outcome IS NOT NULL)",
+            {"id": run.id},
+        ).fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    first = await claim_one(store, worker="w1")
+    await store.finish_attempt(
+        run.id, first.lease_token, Outcome.RETRY, error={"code": "e1"}, retry_delay_seconds=0
+    )
+    assert stored() == (1, 0)
+    second = await claim_one(store, worker="w2")
+    await store.finish_attempt(run.id, second.lease_token, Outcome.FAILED, error={"code": "e2"})
+    assert stored() == (1, 1)
+    before_requeue = await store.list_attempts(run.id)
+    assert [
+        (a.attempt, a.worker_id, a.lease_token, a.outcome, a.error) for a in before_requeue
+    ] == [
+        (1, "w1", first.lease_token, "retry", {"code": "e1"}),
+        (2, "w2", second.lease_token, "failed", {"code": "e2"}),
+    ]
+    assert all(a.ended_at is not None and a.ended_at >= a.started_at for a in before_requeue)
+    requeued, done = await store.requeue_run(run.id)
+    assert done and requeued is not None and requeued.status == RunStatus.PENDING
+    assert stored() == (2, 0)
+    assert await store.list_attempts(run.id) == before_requeue
+    third = await claim_one(store, worker="w3")
+    assert (await store.list_attempts(run.id))[:2] == before_requeue
+    await store.finish_attempt(run.id, third.lease_token, Outcome.COMPLETED, output={"ok": 1})
+    assert stored() == (2, 1)
+    attempts = await store.list_attempts(run.id)
+    assert attempts[:2] == before_requeue
+    assert [(a.attempt, a.worker_id, a.lease_token, a.outcome) for a in attempts[2:]] == [
+        (3, "w3", third.lease_token, "completed")
+    ]
+
+
 async def test_attempt_rows_go_with_their_runs(
     service: RunService, store: RunStore, sql: Conn
 ) -> None:
@@ -349,8 +403,11 @@ async def test_attempt_rows_go_with_their_runs(
     also_gone, _ = await service.submit("a", {})
     kept, _ = await service.submit("a", {})
     for _ in range(3):
+        # A failed attempt stays on its run until a re-queue moves it to
+        # run_attempts (migration 0050).
         claimed = await claim_one(store)
-        await store.finish_attempt(claimed.id, claimed.lease_token, Outcome.COMPLETED)
+        await store.finish_attempt(claimed.id, claimed.lease_token, Outcome.FAILED)
+        await store.requeue_run(claimed.id)
     assert len(sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()) == 3
     sql.execute("DELETE FROM runlane.runs WHERE id = ANY(%s)", ([gone.id, also_gone.id],))
     left = sql.execute("SELECT run_id FROM runlane.run_attempts").fetchall()
