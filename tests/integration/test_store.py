@@ -346,9 +346,9 @@ async def test_a_claimed_run_reads_as_the_stored_run(service: RunService, store:
 async def test_a_runs_attempts_read_the_same_wherever_each_is_kept(
     service: RunService, store: RunStore, sql: Conn
 ) -> None:
-    # Migration 0050: a retried attempt gets its row at once, the last one
-    # stays on the run, and a re-queue moves it to its row before the next
-    # claim. The attempts a run shows, in order and whole, are the same
+    # Migrations 0050 and 0051: a retried attempt gets its row at once, the
+    # last one stays on the run, and a re-queue moves it to its row before
+    # the next claim. The attempts a run shows, in order and whole, are the same
     # through all of it, and each is stored once.
     run, _ = await service.submit("a", {}, max_attempts=2)
 
@@ -390,6 +390,36 @@ async def test_a_runs_attempts_read_the_same_wherever_each_is_kept(
     assert attempts[:2] == before_requeue
     assert [(a.attempt, a.worker_id, a.lease_token, a.outcome) for a in attempts[2:]] == [
         (3, "w3", third.lease_token, "completed")
+    ]
+
+
+async def test_a_requeue_by_an_older_process_moves_the_kept_attempt_too(
+    service: RunService, store: RunStore, sql: Conn
+) -> None:
+    # A re-queue written as processes before migration 0050 write it (no
+    # word of the kept attempt) moves the attempt kept on the run to its
+    # row all the same (0051), before the next claim can overwrite its
+    # number and start: nothing is lost.
+    run, _ = await service.submit("a", {}, max_attempts=1)
+    first = await claim_one(store, worker="w1")
+    await store.finish_attempt(run.id, first.lease_token, Outcome.FAILED, error={"code": "e1"})
+    (kept,) = await store.list_attempts(run.id)
+    sql.execute(
+        "UPDATE runlane.runs SET status = 'pending', attempts = 0, available_at = now(),"
+        " finished_at = NULL, error = NULL, output = NULL, outcome = NULL, deadline_at = NULL,"
+        " cancel_requested_at = NULL, steer_requested_at = NULL WHERE id = %s",
+        (run.id,),
+    )
+    assert sql.execute(
+        "SELECT attempt_outcome FROM runlane.runs WHERE id = %s", (run.id,)
+    ).fetchone() == (None,)
+    assert await store.list_attempts(run.id) == [kept]
+    second = await claim_one(store, worker="w2")
+    await store.finish_attempt(run.id, second.lease_token, Outcome.COMPLETED)
+    after = await store.list_attempts(run.id)
+    assert after[0] == kept
+    assert [(a.attempt, a.worker_id, a.lease_token, a.outcome) for a in after[1:]] == [
+        (2, "w2", second.lease_token, "completed")
     ]
 
 

@@ -148,3 +148,61 @@ def test_attempts_in_progress_come_through_0035(empty_db_url: str) -> None:
         (expired,) = attempts_listed(conn, claimed[2][0])
         assert expired[:5] == before[claimed[2][0]][:5]
         assert expired[6] == "lease_expired"
+
+
+def test_attempts_an_older_requeue_left_on_runs_move_in_0051(empty_db_url: str) -> None:
+    migrate(empty_db_url, up_to=50)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts)"
+            " SELECT 'a', '{}', 3 FROM generate_series(1, 3)"
+        )
+        claimed = conn.execute(
+            "SELECT id, lease_token, attempt_started_at"
+            " FROM runlane.claim_runs('w1', NULL, 3, 30, 60)"
+        ).fetchall()
+        assert len(claimed) == 3
+        finish_completed(conn, [c[:2] for c in claimed])
+        ended = dict(
+            conn.execute(  # type: ignore[arg-type]
+                "SELECT id, attempt_ended_at FROM runlane.runs"
+            ).fetchall()
+        )
+        # Runs 2 and 3 re-queued as a process before 0050 does, leaving
+        # their kept attempts; one of them then claimed again (its
+        # attempt's number and start overwritten), the other not.
+        conn.execute(
+            "UPDATE runlane.runs SET status = 'pending', finished_at = NULL, attempts = 0"
+            " WHERE id = ANY(%s)",
+            ([claimed[1][0], claimed[2][0]],),
+        )
+        (again,) = conn.execute(
+            "SELECT id, lease_token FROM runlane.claim_runs('w2', NULL, 1, 30, 60)"
+        ).fetchall()
+        reclaimed = again[0]
+        untouched = ({claimed[1][0], claimed[2][0]} - {reclaimed}).pop()
+
+    assert [m.version for m in migrate(empty_db_url, up_to=51)] == [51]
+
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        by_id = {c[0]: c for c in claimed}
+        rows = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT run_id, attempt, worker_id, lease_token, started_at, ended_at, outcome"
+                " FROM runlane.run_attempts"
+            )
+        }
+        assert rows == {
+            untouched: (1, "w1", by_id[untouched][1], by_id[untouched][2], ended[untouched],
+                        "completed"),
+            # Its start went to the claim after the older re-queue: the row
+            # takes the attempt's end.
+            reclaimed: (1, "w1", by_id[reclaimed][1], ended[reclaimed], ended[reclaimed],
+                        "completed"),
+        }  # fmt: skip
+        # The run never re-queued keeps its attempt on the run.
+        (kept,) = attempts_listed(conn, claimed[0][0])
+        assert kept[1:3] == (1, "w1") and kept[6] == "completed"
+        assert [r[1:3] for r in attempts_listed(conn, reclaimed)] == [(1, "w1"), (2, "w2")]
+        assert [r[1:3] for r in attempts_listed(conn, untouched)] == [(1, "w1")]

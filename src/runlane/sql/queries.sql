@@ -478,29 +478,19 @@ WHERE NOT EXISTS (SELECT 1 FROM changed);
 
 -- name: requeue_run
 -- Re-queues a failed or dead run: attempts start again, history is kept.
--- target locks the row (see request_cancel). The run's last attempt,
--- kept on the run since it ended (migration 0050), moves to its
--- run_attempts row before the next claim can take the run.
+-- target locks the row (see request_cancel). The attempt kept on the run
+-- since it ended moves to its run_attempts row in the trigger
+-- runs_move_kept_attempt (migration 0051), fired by finished_at = NULL.
 WITH target AS (
     SELECT * FROM runlane.runs WHERE id = %(run_id)s FOR UPDATE
 ), requeued AS (
     UPDATE runlane.runs AS r
     SET status = 'pending', attempts = 0, available_at = now(), finished_at = NULL,
         error = NULL, output = NULL, outcome = NULL, deadline_at = NULL,
-        cancel_requested_at = NULL, steer_requested_at = NULL,
-        attempt_worker_id = NULL, attempt_lease_token = NULL, attempt_ended_at = NULL,
-        attempt_outcome = NULL, attempt_error = NULL
+        cancel_requested_at = NULL, steer_requested_at = NULL
     FROM target
     WHERE r.id = target.id AND target.status IN ('failed', 'dead')
     RETURNING r.*
-), moved AS (
-    INSERT INTO runlane.run_attempts (run_id, attempt, worker_id, lease_token, started_at,
-                                      ended_at, outcome, error)
-    SELECT target.id, target.claim_count, target.attempt_worker_id,
-           target.attempt_lease_token, target.attempt_started_at, target.attempt_ended_at,
-           target.attempt_outcome, target.attempt_error
-    FROM target JOIN requeued ON requeued.id = target.id
-    WHERE target.attempt_outcome IS NOT NULL
 ), notified AS (
     SELECT pg_notify('runlane_wakeup', agent) FROM requeued WHERE %(notify)s
 )
@@ -678,7 +668,7 @@ LIMIT %(limit)s;
 -- name: list_attempts
 -- The run's attempts in order, through the view that finds each where it
 -- is kept: ended attempts in run_attempts, the last ended one and the one
--- in progress on the run (migrations 0035 and 0050).
+-- in progress on the run (migrations 0035, 0050 and 0051).
 SELECT run_id, attempt, worker_id, lease_token, started_at, ended_at, outcome, error
 FROM runlane.attempts WHERE run_id = %(run_id)s
 ORDER BY attempt;
