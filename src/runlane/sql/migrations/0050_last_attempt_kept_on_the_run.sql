@@ -16,8 +16,8 @@
 -- failed or dead run does: requeue_run in queries.sql) moves that
 -- attempt into run_attempts in the same statement and clears the
 -- columns: the next claim may then take the run and number its attempt
--- as before. Any writer that gives a run a live status again must do the
--- same. Not a trigger: a row trigger's condition on runs is compiled
+-- as before. (0051 moves it in a trigger on finished_at instead, for
+-- every writer, an older process's re-queue included.) Not a trigger: a row trigger's condition on runs is compiled
 -- again for every statement that changes a run's status, and a claim or
 -- an outcome of one run is such a statement (a trigger that moved the
 -- attempt cost 2% of a lane relay's instructions, counted).
@@ -29,7 +29,7 @@
 -- Counted with callgrind (thirty-ninth session, python -m
 -- bench.backend_instructions --batch 200 --loops 20,60 --sql-file F, F
 -- this migration): PostgreSQL's instructions per claimed and completed
--- run 0.95 of 0049's on PostgreSQL 18, 0.96 on 15.
+-- run 0.96 of 0049's on PostgreSQL 18 and 15 (0.97 with 0051's guard).
 --
 -- Every attempt of every run: the ended ones with a row, the last ended
 -- one still on its run, and the one in progress (0035). list_attempts
