@@ -61,8 +61,8 @@ BEGIN
 END;
 $$;
 
--- AFTER, not BEFORE: a BEFORE row trigger fetches and locks each updated
--- row again before its condition is tested.
+-- AFTER, not BEFORE: for a BEFORE row trigger PostgreSQL fetches each
+-- updated row again before its condition is tested.
 CREATE TRIGGER runs_move_kept_attempt
     AFTER UPDATE OF finished_at ON runlane.runs
     FOR EACH ROW
