@@ -41,6 +41,21 @@ def finish_completed(conn: psycopg.Connection[Any], held: list[tuple[Any, Any]])
     ).fetchall()
 
 
+def claim_new_runs(conn: psycopg.Connection[Any], n: int, columns: str) -> list[Any]:
+    """Submits ``n`` runs and claims them all as worker w1, through the
+    schema's claim; the claimed runs' ``columns``."""
+    conn.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts)"
+        " SELECT 'a', '{}', 3 FROM generate_series(1, %s)",
+        (n,),
+    )
+    claimed = conn.execute(
+        f"SELECT {columns} FROM runlane.claim_runs('w1', NULL, %s, 30, 60)", (n,)
+    ).fetchall()
+    assert len(claimed) == n
+    return claimed
+
+
 def attempts_listed(conn: psycopg.Connection[Any], run_id: Any) -> list[tuple[Any, ...]]:
     """A run's attempts as the API lists them (list_attempts)."""
     return [
@@ -95,14 +110,7 @@ def test_runs_of_every_status_and_kind_come_through_0032(empty_db_url: str) -> N
 def test_attempts_in_progress_come_through_0035(empty_db_url: str) -> None:
     migrate(empty_db_url, up_to=34)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO runlane.runs (agent, input, max_attempts)"
-            " SELECT 'a', '{}', 3 FROM generate_series(1, 3)"
-        )
-        claimed = conn.execute(
-            "SELECT id, lease_token FROM runlane.claim_runs('w1', NULL, 3, 30, 60)"
-        ).fetchall()
-        assert len(claimed) == 3
+        claimed = claim_new_runs(conn, 3, "id, lease_token")
         # One attempt ended under 0034 (its row updated), two in progress
         # (their rows open).
         assert finish_completed(conn, claimed[:1]) == [(claimed[0][0], "completed")]
@@ -153,15 +161,7 @@ def test_attempts_in_progress_come_through_0035(empty_db_url: str) -> None:
 def test_attempts_an_older_requeue_left_on_runs_move_in_0051(empty_db_url: str) -> None:
     migrate(empty_db_url, up_to=50)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO runlane.runs (agent, input, max_attempts)"
-            " SELECT 'a', '{}', 3 FROM generate_series(1, 3)"
-        )
-        claimed = conn.execute(
-            "SELECT id, lease_token, attempt_started_at"
-            " FROM runlane.claim_runs('w1', NULL, 3, 30, 60)"
-        ).fetchall()
-        assert len(claimed) == 3
+        claimed = claim_new_runs(conn, 3, "id, lease_token, attempt_started_at")
         finish_completed(conn, [c[:2] for c in claimed])
         ended = dict(
             conn.execute(  # type: ignore[arg-type]
