@@ -3,7 +3,8 @@ statement behind ``POST /v1/threads/{t}/requests``, with two schemas
 alternating.
 
     python -m bench.intake_cpu [--n 3000] [--runs 5] [--tag _s38] [--out-dir DIR]
-    python -m bench.intake_cpu --instructions [--loops 100,400] [--pg-bin DIR] [--tag _s38]
+    python -m bench.intake_cpu --instructions [--loops 100,400] [--pg-bin DIR]
+        [--before-up-to 47] [--tag _s38]
 
 Each round makes a new database per schema, ``before`` (migrations up to
 0047) and ``after`` (every migration; 0048 runs fewer statements per
@@ -27,7 +28,9 @@ clusters, one per schema, served by ``postgres --single``; per call,
 per cent that CPU times on a shared machine cannot; and two more cases:
 ``head dispatched``, ``runlane.dispatch_head`` of an idle lane's queued
 request, as recovery calls it; ``relay``, a lane's run set completed with
-a request waiting, its trigger's relay dispatching it. Results:
+a request waiting, its trigger's relay dispatching it. ``--before-up-to``
+sets the schema counted as ``before`` (0047 unless given), to count what
+a later migration added. Results:
 ``bench/results/intake_instructions{tag}.json``.
 """
 
@@ -240,12 +243,18 @@ def prepare_cluster(cluster: Cluster, up_to: int | None) -> None:
 
 
 def count_instructions(
-    loops: tuple[int, int], pg_bin: Path, *, tag: str = "", out_dir: Path | None = None
+    loops: tuple[int, int],
+    pg_bin: Path,
+    *,
+    before_up_to: int = BEFORE_UP_TO,
+    tag: str = "",
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
     few, many = loops
-    with throwaway_clusters(SCHEMAS, pg_bin, "runlane-intake-instructions-") as clusters:
+    schemas = {"before": before_up_to, "after": None}
+    with throwaway_clusters(schemas, pg_bin, "runlane-intake-instructions-") as clusters:
         for schema, cluster in clusters.items():
-            prepare_cluster(cluster, SCHEMAS[schema])
+            prepare_cluster(cluster, schemas[schema])
         with ThreadPoolExecutor(2) as pool:
             jobs = {
                 f"{schema}_{case}_{n}": pool.submit(
@@ -264,7 +273,7 @@ def count_instructions(
                 (totals[f"{schema}_{case}_{many}"] - totals[f"{schema}_{case}_{few}"])
                 / (many - few)
             )
-            for schema in SCHEMAS
+            for schema in schemas
         }
         for case in INSTRUCTION_SUBMITS
     }
@@ -280,8 +289,9 @@ def count_instructions(
         "benchmark": "instructions of a PostgreSQL backend (single-user mode, callgrind) per"
         " runlane.submit_request call (prepared), per runlane.dispatch_head of an idle"
         " lane's queued head, and per relay (a lane's run set completed, a request"
-        " waiting), migrations up to 0047 against all",
+        f" waiting), migrations up to {before_up_to:04d} against all",
         "postgres": version,
+        "before_up_to": before_up_to,
         "loops": list(loops),
         "instructions": totals,
         "instructions_per_submit": per_submit,
@@ -301,13 +311,23 @@ def main() -> None:
     parser.add_argument("--instructions", action="store_true", help="count with callgrind")
     parser.add_argument("--loops", default="100,400", help="two loop counts, fewer first")
     parser.add_argument("--pg-bin", type=Path, default=None, help="PostgreSQL's bin folder")
+    parser.add_argument(
+        "--before-up-to",
+        type=int,
+        default=BEFORE_UP_TO,
+        help="with --instructions, the last migration of the schema counted as before",
+    )
     args = parser.parse_args()
     if args.instructions:
         few, many = (int(n) for n in args.loops.split(","))
         if not 0 < few < many:
             parser.error("--loops takes two counts, the fewer first")
         count_instructions(
-            (few, many), args.pg_bin or embedded_bin(), tag=args.tag, out_dir=args.out_dir
+            (few, many),
+            args.pg_bin or embedded_bin(),
+            before_up_to=args.before_up_to,
+            tag=args.tag,
+            out_dir=args.out_dir,
         )
         return
     run(args.n, args.runs, tag=args.tag, out_dir=args.out_dir)

@@ -266,9 +266,14 @@ def test_intake_instructions_smoke(tmp_path: Path) -> None:
     assert 0.9 < head["after"] / head["before"] < 1.1
     # The relay (0049) reads its lane once and dispatches without
     # dispatch_head's reads: 0.98-0.99 of before 0048 in the counts of
-    # the thirty-eighth session, and never more than 1% above.
+    # the thirty-eighth session. The outcome write has since paid for the
+    # attempt kept on the run (0050) and 0051's trigger condition, which
+    # every statement setting finished_at compiles: 1.018 of 0049 and
+    # 1.010 of 0050 (intake_instructions_s40_before_*.json), so 1.00 of
+    # 0047 there and up to 1.013 in these shorter loops. 3% above is a
+    # regression, not noise.
     relay = per_call["relay"]
-    assert 0.9 < relay["after"] / relay["before"] < 1.01
+    assert 0.9 < relay["after"] / relay["before"] < 1.03
     stored = json.loads((tmp_path / "intake_instructions.json").read_text())
     assert stored["instructions"] == data["instructions"]
 
