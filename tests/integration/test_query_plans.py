@@ -271,7 +271,7 @@ async def test_a_prune_pass_reads_only_the_runs_it_deletes(history: None, sql: C
 async def test_an_expired_interrupt_is_found_by_primary_key(history: None, sql: Conn) -> None:
     # Statistics saw no interrupted run; now thousands wait, all expired.
     sql.execute(
-        "UPDATE runlane.runs SET status = 'interrupted', finished_at = NULL,"
+        "UPDATE runlane.runs SET status = 'interrupted',"
         " interrupt_expires_at = now() - interval '1 minute'"
     )
     row = sql.execute("SELECT id FROM runlane.runs LIMIT 1").fetchone()
@@ -1077,9 +1077,10 @@ async def test_listing_live_runs_with_others_reads_their_indexes_not_the_history
     add_three_tenants_history(sql)
     sql.execute(
         "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, lease_token,"
-        " lease_expires_at, worker_id, created_at)"
+        " lease_expires_at, worker_id, finished_at, created_at)"
         " SELECT 't' || (g % 3), 'a', '{}', 3, s, CASE WHEN s = 'running'"
-        " THEN gen_random_uuid() END, now() + interval '1 hour', 'w', now() - interval '1 day'"
+        " THEN gen_random_uuid() END, now() + interval '1 hour', 'w',"
+        " CASE WHEN s IN ('failed', 'dead') THEN now() END, now() - interval '1 day'"
         " FROM generate_series(1, 6) AS g, unnest('{pending,running,failed,dead}'::text[]) AS s"
     )
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")
@@ -1161,7 +1162,8 @@ async def test_a_tenants_live_listing_behind_a_backlog_reads_a_page(
     )
     sql.execute(
         "INSERT INTO runlane.runs (agent, input, max_attempts, status, finished_at, created_at)"
-        " SELECT 'a', '{}', 3, s, now(), now() - interval '1 day'"
+        " SELECT 'a', '{}', 3, s, CASE WHEN s <> 'pending' THEN now() END,"
+        " now() - interval '1 day'"
         " FROM unnest('{pending,completed,completed}'::text[]) AS s"
     )
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")

@@ -408,23 +408,34 @@ async def test_a_push_the_worker_cannot_read_still_starts_its_run_at_once(
         first, _ = await service.submit("echo", {"text": "first"})
         await wait_for_status(service, first.id, RunStatus.COMPLETED)
         await parked(sql, worker.worker_id)
-        with sql.transaction():
-            row = sql.execute(
-                "WITH s AS (SELECT * FROM runlane.take_standing_claim('default', 'echo', true))"
-                " INSERT INTO runlane.runs (id, agent, input, max_attempts, status, attempts,"
-                "   claim_count, lease_token, lease_expires_at, worker_id, started_at,"
-                "   attempt_started_at)"
-                " SELECT s.run_id, 'echo', '{\"text\": \"later\"}', 3, 'running', 1, 1,"
-                "   s.lease_token, now() + make_interval(secs => s.lease_seconds), s.worker_id,"
-                "   now(), now() FROM s"
-                " RETURNING id, worker_id"
-            ).fetchone()
-            assert row is not None and row[1] == worker.worker_id
-            sql.execute(
-                "SELECT pg_notify('runlane_push', json_build_object("
-                "  'worker_id', %s::text, 'shape', 'of a later version')::text)",
-                (worker.worker_id,),
-            )
+
+        def push_of_another_shape() -> Any:
+            # The standing claim is taken with SKIP LOCKED, as a submit
+            # takes it: while the worker parks again (its row locked for
+            # that moment) it is not there to take, and the run is not
+            # pushed. Tried again until it is.
+            with sql.transaction():
+                row = sql.execute(
+                    "WITH s AS (SELECT * FROM runlane.take_standing_claim('default', 'echo',"
+                    " true))"
+                    " INSERT INTO runlane.runs (id, agent, input, max_attempts, status,"
+                    "   attempts, claim_count, lease_token, lease_expires_at, worker_id,"
+                    "   started_at, attempt_started_at)"
+                    " SELECT s.run_id, 'echo', '{\"text\": \"later\"}', 3, 'running', 1, 1,"
+                    "   s.lease_token, now() + make_interval(secs => s.lease_seconds),"
+                    "   s.worker_id, now(), now() FROM s"
+                    " RETURNING id, worker_id"
+                ).fetchone()
+                if row is not None:
+                    sql.execute(
+                        "SELECT pg_notify('runlane_push', json_build_object("
+                        "  'worker_id', %s::text, 'shape', 'of a later version')::text)",
+                        (row[1],),
+                    )
+            return row
+
+        row = await wait_until(push_of_another_shape, timeout=10, message="a push")
+        assert row[1] == worker.worker_id
         done = await wait_for_status(service, row[0], RunStatus.COMPLETED)
         assert worker.claims_pushed == 1
     assert done.output == {"echo": {"text": "later"}}

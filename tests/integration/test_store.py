@@ -450,8 +450,9 @@ async def test_a_run_takes_only_known_statuses_and_kinds(
     # A run's status and kind are checked by the domains runlane.run_status
     # and runlane.run_kind (migration 0032), by whichever statement writes
     # them: an INSERT, an operator's UPDATE. A refused write leaves the run
-    # as it was, and the lease check still ties a leased status to a lease
-    # token.
+    # as it was; the lease check still ties a leased status to a lease
+    # token, and the finished check (0052) a final status to finished_at,
+    # which the lane's relay and the streams' notification fire on.
     run, _ = await service.submit("a", {})
     with pytest.raises(psycopg.errors.CheckViolation, match="run_status_check"):
         sql.execute("UPDATE runlane.runs SET status = 'paused' WHERE id = %s", (run.id,))
@@ -468,7 +469,13 @@ async def test_a_run_takes_only_known_statuses_and_kinds(
             " VALUES ('a', '{}', 3, 'Direct')"
         )
     with pytest.raises(psycopg.errors.CheckViolation, match="runs_lease_check"):
-        sql.execute("UPDATE runlane.runs SET status = 'running' WHERE id = %s", (run.id,))
+        sql.execute(
+            "UPDATE runlane.runs SET lease_token = gen_random_uuid() WHERE id = %s", (run.id,)
+        )
+    with pytest.raises(psycopg.errors.CheckViolation, match="runs_finished_check"):
+        sql.execute("UPDATE runlane.runs SET status = 'cancelled' WHERE id = %s", (run.id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="runs_finished_check"):
+        sql.execute("UPDATE runlane.runs SET finished_at = now() WHERE id = %s", (run.id,))
     assert (await store.get_run(run.id)) == run
     row = sql.execute("SELECT count(*) FROM runlane.runs").fetchone()
     assert row == (1,)
@@ -915,10 +922,11 @@ async def test_listing_several_statuses_pages_through_them_newest_first(
     # breaks the tie).
     sql.execute(
         "INSERT INTO runlane.runs (tenant, agent, input, max_attempts, status, lease_token,"
-        " lease_expires_at, worker_id, created_at)"
+        " lease_expires_at, worker_id, finished_at, created_at)"
         " SELECT 't' || (g / 8 %% 2), 'a', '{}', 3, s.status,"
         " CASE WHEN s.status IN ('running', 'cancel_requested') THEN gen_random_uuid() END,"
-        " now() + interval '1 hour', 'w',"
+        " now() + interval '1 hour', 'w', CASE WHEN s.status NOT IN ('pending', 'running',"
+        " 'cancel_requested') THEN now() END,"
         " timestamptz '2026-01-01' + (g / 2) * interval '1 second'"
         " FROM generate_series(0, 47) AS g,"
         " LATERAL (SELECT (%s::text[])[1 + g %% 8] AS status) AS s",
@@ -970,10 +978,11 @@ async def test_listing_without_a_tenant_pages_through_every_tenants_runs(
     # id breaks the tie).
     sql.execute(
         "INSERT INTO runlane.runs (tenant, user_id, agent, input, max_attempts, status,"
-        " lease_token, lease_expires_at, worker_id, created_at)"
+        " lease_token, lease_expires_at, worker_id, finished_at, created_at)"
         " SELECT 't' || (g %% 20), 'u' || (g / 3 %% 2), 'a', '{}', 3, s.status,"
         " CASE WHEN s.status IN ('running', 'cancel_requested') THEN gen_random_uuid() END,"
-        " now() + interval '1 hour', 'w',"
+        " now() + interval '1 hour', 'w', CASE WHEN s.status NOT IN ('pending', 'running',"
+        " 'cancel_requested') THEN now() END,"
         " timestamptz '2026-01-01' + (g / 2) * interval '1 second'"
         " FROM generate_series(0, 319) AS g,"
         " LATERAL (SELECT (%s::text[])[1 + g %% 8] AS status) AS s",

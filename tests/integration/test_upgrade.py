@@ -206,3 +206,54 @@ def test_attempts_an_older_requeue_left_on_runs_move_in_0051(empty_db_url: str) 
         assert kept[1:3] == (1, "w1") and kept[6] == "completed"
         assert [r[1:3] for r in attempts_listed(conn, reclaimed)] == [(1, "w1"), (2, "w2")]
         assert [r[1:3] for r in attempts_listed(conn, untouched)] == [(1, "w1")]
+
+
+def test_runs_an_earlier_version_left_without_their_end_come_right_in_0052(
+    empty_db_url: str,
+) -> None:
+    # 0052 relays lanes and notifies streams on writes of finished_at, and
+    # checks that a run has it exactly when its status is final. Runs
+    # written otherwise before it (by hand: runlane's writers never did)
+    # are put right rather than left to fail the check.
+    migrate(empty_db_url, up_to=51)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "INSERT INTO runlane.runs (agent, input, max_attempts)"
+                " SELECT 'a', '{}', 3 FROM generate_series(1, 3) RETURNING id"
+            )
+        ]
+        ended, pending, done = ids
+        conn.execute("UPDATE runlane.runs SET status = 'cancelled' WHERE id = %s", (ended,))
+        conn.execute("UPDATE runlane.runs SET finished_at = now() WHERE id = %s", (pending,))
+        conn.execute(
+            "UPDATE runlane.runs SET status = 'completed', finished_at = '2026-01-01'"
+            " WHERE id = %s",
+            (done,),
+        )
+        before = conn.execute("SELECT finished_at FROM runlane.runs WHERE id = %s", (done,))
+        done_at = before.fetchone()
+
+    assert [m.version for m in migrate(empty_db_url, up_to=52)] == [52]
+
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        rows = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT id, status::text, finished_at IS NOT NULL FROM runlane.runs"
+            )
+        }
+        assert rows == {
+            ended: ("cancelled", True),
+            pending: ("pending", False),
+            done: ("completed", True),
+        }
+        # A run already right keeps its end.
+        after = conn.execute("SELECT finished_at FROM runlane.runs WHERE id = %s", (done,))
+        assert done_at is not None and after.fetchone() == done_at
+        # The run put right is claimed as any pending run.
+        (claimed,) = conn.execute(
+            "SELECT id FROM runlane.claim_runs('w1', NULL, 1, 30, 60)"
+        ).fetchall()
+        assert claimed[0] == pending
