@@ -13,14 +13,14 @@
 -- followed by another claim, so its row is written as before.
 --
 -- A run that leaves such a status for a live one (only a re-queue of a
--- failed or dead run does: requeue_run in queries.sql) moves that
--- attempt into run_attempts in the same statement and clears the
--- columns: the next claim may then take the run and number its attempt
--- as before. (0051 moves it in a trigger on finished_at instead, for
--- every writer, an older process's re-queue included.) Not a trigger: a row trigger's condition on runs is compiled
--- again for every statement that changes a run's status, and a claim or
--- an outcome of one run is such a statement (a trigger that moved the
--- attempt cost 2% of a lane relay's instructions, counted).
+-- failed or dead run does: requeue_run in queries.sql) moved that
+-- attempt into run_attempts in the same statement and cleared the
+-- columns, so that the next claim may take the run and number its
+-- attempt as before. 0051 moves it in a trigger on finished_at instead,
+-- for every writer, an older process's re-queue included. Not a trigger
+-- on status: a row trigger's condition is compiled again by every
+-- statement that sets the columns it names, and every claim sets status
+-- (such a trigger cost a lane relay 2% of its instructions, counted).
 --
 -- The reaper still inserts the expired attempt's row for every run it
 -- ends, retried or not: it is rare, and a run's attempts are read through
