@@ -9,13 +9,15 @@ import asyncio
 from typing import Any
 
 import psycopg
+import pytest
 
 from runlane import App, RunContext
 from runlane.lane_service import LaneService
-from runlane.models import RunStatus
+from runlane.models import Outcome, RunStatus
 from runlane.service import RunService
 from runlane.settings import Settings
-from tests.integration.lane_helpers import AGENT, submit
+from runlane.store import ClaimSpec, Finish, RunStore
+from tests.integration.lane_helpers import AGENT, claim, submit
 from tests.support import running_worker, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -90,3 +92,36 @@ async def test_the_claim_along_takes_the_best_run_not_the_lanes_own(
         await wait_until(all_done, timeout=30, message="every run completed")
         assert worker.claims_along >= 1
     assert started == ["first", "urgent", "second"]
+
+
+async def test_an_outcome_batch_whose_claim_fails_keeps_nothing_and_locks_no_lane(
+    store: RunStore, lanes: LaneService, sql: Conn
+) -> None:
+    """The lanes' lock, the outcomes and the claim along are one
+    transaction: when the claim fails after the outcomes were written, no
+    outcome is kept, no lane's next run is dispatched, no lane stays
+    locked, and the connection serves the next batch."""
+    first = await submit(lanes, "a", "a1")
+    await submit(lanes, "a", "a2")
+    assert first.run_id is not None
+    run = await claim(store, first.run_id)
+    done = Finish(run.id, run.lease_token, Outcome.COMPLETED, output="ok", lane_id=run.lane_id)
+    # The relayed run's lease would end past the timestamps' range: the
+    # claim fails when it takes that run, after the outcome's statement.
+    failing = ClaimSpec(worker_id="test", limit=5, lease_seconds=1e300)
+
+    with pytest.raises(psycopg.DataError, match="out of range"):
+        await store.finish_attempts_and_claim([done], failing)
+
+    assert sql.execute("SELECT status FROM runlane.runs").fetchall() == [("running",)]
+    queued = sql.execute("SELECT count(*) FROM runlane.requests WHERE status = 'queued'")
+    assert queued.fetchone() == (1,)
+    locked = sql.execute(
+        "SELECT id FROM runlane.lanes WHERE id = %s FOR UPDATE NOWAIT", [run.lane_id]
+    ).fetchall()
+    assert locked == [(run.lane_id,)]
+
+    along = ClaimSpec(worker_id="test", limit=5, lease_seconds=30)
+    statuses, claimed = await store.finish_attempts_and_claim([done], along)
+    assert statuses == {run.id: RunStatus.COMPLETED}
+    assert [c.input["text"] for c in claimed] == ["a2"]
