@@ -633,8 +633,7 @@ class RunStore:
         their lanes in id order, then ends the batch, so the relay trigger
         of each lane runs under a lock already held: lane before run, and
         lanes in a fixed order, as every lane writer does (no deadlock).
-        The transaction is sent as one pipeline: one round trip, and the
-        closing Sync that psycopg's pipeline always sends."""
+        The transaction is sent as one pipeline (one round trip)."""
         statuses, _ = await self.finish_attempts_and_claim(finishes, None)
         return statuses
 
@@ -665,21 +664,22 @@ class RunStore:
                 # statements a pipeline sends before a Sync are one
                 # implicit transaction, committed at the Sync and rolled
                 # back whole if one fails (the protocol's pipelining rules).
-                # psycopg's transaction() in a pipeline waits for its BEGIN,
-                # for the statements before its COMMIT, and for the COMMIT:
-                # with the pipeline's closing Sync, four round trips where
-                # this takes two, the second with nothing left to run.
-                async with conn.pipeline() as pipeline:
+                # The pipeline's closing Sync sends them and reads every
+                # answer: one round trip. psycopg's transaction() in a
+                # pipeline waits for its BEGIN, for the statements before
+                # its COMMIT and for the COMMIT, and a fetch inside the
+                # block waits too: four round trips, as this was until the
+                # forty-first session (BENCHMARKS.md section 3).
+                claim_cur = None
+                async with conn.pipeline():
                     if lane_ids:
                         await conn.execute(self._sql["lock_lanes"], {"lane_ids": lane_ids})
                     await cur.execute(finish, params)
-                    claim_cur = None
                     if claim is not None:
                         claim_cur = await self._send_claim(conn, claim)
-                    await pipeline.sync()
-                    rows = await cur.fetchall()
-                    if claim_cur is not None:
-                        claimed = await claim_cur.fetchall()
+                rows = await cur.fetchall()
+                if claim_cur is not None:
+                    claimed = await claim_cur.fetchall()
         statuses = {run_id: RunStatus(status) for run_id, status in rows}
         return statuses, claimed
 
