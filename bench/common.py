@@ -9,6 +9,7 @@ adapters (which may run under another interpreter, see
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -219,6 +220,16 @@ class Proc:
             self.popen.stdout.close()
 
 
+def imported_src() -> str:
+    """The folder of the runlane package this process imports (without
+    importing it): a checkout's ``src``, this one's unless another was put
+    first on the path (``PYTHONPATH=OTHER/src python -m bench ...``)."""
+    spec = importlib.util.find_spec("runlane")
+    if spec is None or spec.origin is None:
+        return str(ROOT / "src")
+    return str(Path(spec.origin).resolve().parents[1])
+
+
 def spawn(
     module: str,
     args: Sequence[str],
@@ -230,11 +241,15 @@ def spawn(
 ) -> Proc:
     """Starts ``python -m module args...`` with the repository on the path
     (``src``: another checkout's ``src`` imported instead of this one's,
-    for a before/after comparison in the same rounds)."""
+    for a before/after comparison in the same rounds). Without ``src`` the
+    child imports the runlane this process would: until the forty-first
+    session it imported this checkout's ``src`` first whatever the
+    PYTHONPATH, so a worker meant to be another checkout's was this one's
+    (BENCHMARKS.md, *How to run*)."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), src or str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
+        p for p in (str(ROOT), src or imported_src(), env.get("PYTHONPATH", "")) if p
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
     popen = subprocess.Popen(

@@ -14,7 +14,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -28,6 +31,7 @@ from bench import (
     intake_latency,
     intake_lookup,
     listing,
+    relay_breakdown,
     run_changes_fanout,
     submit_instructions,
     throughput,
@@ -150,6 +154,43 @@ def test_intake_lookup_smoke(bench_env: str, tmp_path: Path, connections: int) -
     }
     assert [s["round"] for s in data["churned_sizes"]] == [0, 1]
     assert (tmp_path / "intake_lookup_sync_off.json").exists()
+
+
+def test_a_spawned_worker_imports_the_runlane_its_harness_imports(tmp_path: Path) -> None:
+    # A before/after run as PYTHONPATH=OTHER/src python -m bench ...: the
+    # processes the harness starts must import OTHER's runlane, not this
+    # checkout's (which they did until the forty-first session).
+    other = tmp_path / "other" / "src"
+    (other / "runlane").mkdir(parents=True)
+    (other / "runlane" / "__init__.py").write_text("")
+    script = (
+        "from bench.common import spawn\n"
+        "print(spawn('site', []).popen.communicate()[0])\n"  # the child's sys.path
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(other), str(ROOT)])},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    child_path = [line.strip().strip("',") for line in out.splitlines()]
+    assert str(other.resolve()) in child_path
+    mine = str(ROOT / "src")
+    if mine in child_path:
+        assert child_path.index(str(other.resolve())) < child_path.index(mine)
+
+
+def test_relay_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
+    # Every relay of a tiny lane is taken apart into its three parts.
+    data = relay_breakdown.run(k=5, runs=1, out_dir=tmp_path)
+    parts = data["rounds"][0]["parts"]
+    assert data["rounds"][0]["relays"] == 4
+    assert {name: parts[name]["n"] for name in relay_breakdown.PARTS} == dict.fromkeys(
+        relay_breakdown.PARTS, 4
+    )
+    assert (tmp_path / "relay_breakdown_sync_off.json").exists()
 
 
 def test_wakeup_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
