@@ -82,14 +82,16 @@ async def submit_lanes(url: str, lanes: int, per_lane: int, *, parallel: int = 8
         await pool.close()
 
 
+# What a lane benchmark still has to do: requests queued and runs not done.
+REMAINING = """
+    SELECT (SELECT count(*) FROM runlane.requests WHERE status = 'queued')
+         + (SELECT count(*) FROM runlane.runs WHERE status <> 'completed')
+"""
+
+
 def remaining(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            """
-            SELECT (SELECT count(*) FROM runlane.requests WHERE status = 'queued')
-                 + (SELECT count(*) FROM runlane.runs WHERE status <> 'completed')
-            """
-        ).fetchone()
+        row = conn.execute(REMAINING).fetchone()
     return int(row[0]) if row else 0
 
 

@@ -34,7 +34,7 @@ import psycopg
 
 from bench import runlane_system
 from bench.common import AGENT, bench_database, latency_summary, median, print_table, write_results
-from bench.relay import submit_lanes
+from bench.relay import REMAINING, submit_lanes
 
 PARTS = ["handler end -> batch sent", "batch sent -> answered", "answered -> next start", "gap"]
 
@@ -71,10 +71,7 @@ async def drain_one_lane(url: str) -> list[tuple[str, float]]:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                cur = await conn.execute(
-                    "SELECT (SELECT count(*) FROM runlane.requests WHERE status = 'queued')"
-                    " + (SELECT count(*) FROM runlane.runs WHERE status <> 'completed')"
-                )
+                cur = await conn.execute(REMAINING)
                 row = await cur.fetchone()
                 if row is not None and row[0] == 0:
                     break
