@@ -83,6 +83,7 @@ def create_database(
 
 
 def drop_database(url: str) -> None:
+    close_count_connection(url)
     name = pg_conninfo.conninfo_to_dict(url)["dbname"]
     with psycopg.connect(admin_url(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -97,6 +98,43 @@ def bench_database(
         yield url
     finally:
         drop_database(url)
+
+
+# -- counts -----------------------------------------------------------------------
+
+# The harness waits for a queue to drain by counting what is left every 50
+# or 100 ms. Each count on a connection of its own started and ended a
+# PostgreSQL backend 10-20 times a second, on the cores the system measured
+# runs on (BENCHMARKS.md, *Recommended next* 10): one connection per
+# database is kept for the counts instead. Its backend is named, so that
+# the CPU a figure reads off the database's backends leaves it out.
+COUNT_APPLICATION = "runlane-bench-count"
+_count_connections: dict[str, psycopg.Connection[Any]] = {}
+
+
+def count(url: str, query: str, params: Sequence[Any] | None = None) -> int:
+    """The integer a counting query answers, on this database's kept
+    connection (opened again if it was lost, e.g. by a server restart)."""
+    for attempt in (1, 2):
+        conn = _count_connections.get(url)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(url, autocommit=True, application_name=COUNT_APPLICATION)
+            _count_connections[url] = conn
+        try:
+            row = conn.execute(query, params).fetchone()
+        except psycopg.OperationalError:
+            close_count_connection(url)
+            if attempt == 2:
+                raise
+            continue
+        return int(row[0]) if row and row[0] is not None else 0
+    raise AssertionError("unreachable")
+
+
+def close_count_connection(url: str) -> None:
+    conn = _count_connections.pop(url, None)
+    if conn is not None:
+        conn.close()
 
 
 # -- statistics -----------------------------------------------------------------
@@ -151,13 +189,17 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def backend_pids(url: str) -> list[int]:
-    """PostgreSQL backends connected to this URL's database (the server
-    runs on this machine, so their CPU can be read from /proc)."""
+    """PostgreSQL backends connected to this URL's database but the
+    harness's counting connection (the server runs on this machine, so
+    their CPU can be read from /proc)."""
     name = pg_conninfo.conninfo_to_dict(url)["dbname"]
     with psycopg.connect(admin_url(), autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
+            """
+            SELECT pid FROM pg_stat_activity
+            WHERE datname = %s AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM %s
+            """,
+            (name, COUNT_APPLICATION),
         ).fetchall()
     return [int(row[0]) for row in rows]
 

@@ -23,6 +23,7 @@ import psycopg
 from bench import runlane_system
 from bench.common import (
     bench_database,
+    count,
     median,
     plot,
     print_table,
@@ -38,12 +39,8 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def count(url: str, status: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM runlane.runs WHERE status = %s", (status,)
-        ).fetchone()
-    return int(row[0]) if row else 0
+def runs_in(url: str, status: str) -> int:
+    return count(url, "SELECT count(*) FROM runlane.runs WHERE status = %s", (status,))
 
 
 def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict[str, Any]:
@@ -53,7 +50,7 @@ def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict
     holder = runlane_system.spawn_worker(url, held, mode="hold", extra=extra)
     try:
         holder.wait_ready()
-        wait_for(lambda: count(url, "running") == held, timeout=30, what="runs held")
+        wait_for(lambda: runs_in(url, "running") == held, timeout=30, what="runs held")
         standby = runlane_system.spawn_worker(url, held, mode="stamp", extra=extra)
         with running([standby]):
             standby.wait_ready()
@@ -61,7 +58,7 @@ def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict
             killed_at = time.time()
             holder.kill()
             wait_for(
-                lambda: count(url, "completed") == held,
+                lambda: runs_in(url, "completed") == held,
                 timeout=lease + reaper + 30,
                 what="runs taken over",
             )

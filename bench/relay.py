@@ -30,6 +30,7 @@ from bench import runlane_system
 from bench.common import (
     AGENT,
     bench_database,
+    count,
     latency_summary,
     median,
     print_table,
@@ -90,9 +91,7 @@ REMAINING = """
 
 
 def remaining(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(REMAINING).fetchone()
-    return int(row[0]) if row else 0
+    return count(url, REMAINING)
 
 
 def one_lane_gaps(url: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import AGENT, Proc, completion_marks, spawn
+from bench.common import AGENT, Proc, completion_marks, count, spawn
 from runlane.migrations import available_migrations
 
 NAME = "runlane"
@@ -156,11 +156,7 @@ def enqueue(url: str, n: int) -> None:
 
 
 def count_runs(url: str, statuses: Sequence[str]) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM runlane.runs WHERE status = ANY(%s)", (list(statuses),)
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return count(url, "SELECT count(*) FROM runlane.runs WHERE status = ANY(%s)", (list(statuses),))
 
 
 def remaining(url: str) -> int:

@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import ROOT, Proc, completion_marks, spawn, system_variant
+from bench.common import ROOT, Proc, completion_marks, count, spawn, system_variant
 
 NAME = "oban"
 # Where the throughput benchmark's start gate takes its lock.
@@ -111,9 +111,7 @@ def enqueue_without_statistics(url: str, n: int) -> None:
 
 
 def remaining(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM oban_jobs WHERE state <> 'completed'").fetchone()
-    return int(row[0]) if row else 0
+    return count(url, "SELECT count(*) FROM oban_jobs WHERE state <> 'completed'")
 
 
 def window(url: str) -> tuple[float, float]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import AGENT, Proc, completion_marks, spawn, system_variant
+from bench.common import AGENT, Proc, completion_marks, count, spawn, system_variant
 
 NAME = "pgqueuer"
 # Where the throughput benchmark's start gate takes its lock.
@@ -89,9 +89,7 @@ def enqueue(url: str, n: int) -> None:
 
 
 def remaining(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
-    return int(row[0]) if row else 0
+    return count(url, "SELECT count(*) FROM pgqueuer")
 
 
 def window(url: str) -> tuple[float, float]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Proc, spawn
+from bench.common import Proc, count, spawn
 
 NAME = "sql-floor"
 CHANNEL = "sql_floor_wakeup"
@@ -73,9 +73,7 @@ def reset(url: str) -> None:
 
 
 def remaining(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM sql_floor_jobs").fetchone()
-    return int(row[0]) if row else 0
+    return count(url, "SELECT count(*) FROM sql_floor_jobs")
 
 
 def spawn_worker(url: str, concurrency: int, *, mode: str = "stamp") -> Proc:

@@ -41,7 +41,7 @@ from bench import (
     wakeup_statements,
     worker_cpu,
 )
-from bench.common import ROOT, median, percentile
+from bench.common import ROOT, backend_pids, bench_database, count, median, percentile
 from bench.procs import STREAM_EVENTS
 
 
@@ -180,6 +180,40 @@ def test_a_spawned_worker_imports_the_runlane_its_harness_imports(tmp_path: Path
     mine = str(ROOT / "src")
     if mine in child_path:
         assert child_path.index(str(other.resolve())) < child_path.index(mine)
+
+
+def test_the_harness_counts_on_one_connection_left_out_of_the_backends_cpu(
+    bench_env: str,
+) -> None:
+    # A drain is polled every 50-100 ms: each count on a new connection
+    # started a backend on the measured cores 10-20 times a second. One
+    # connection serves every count, its backend is not among those whose
+    # CPU a figure reads, and the database still drops with it open.
+    with bench_database("count_test") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE jobs (id int)")
+            conn.execute("INSERT INTO jobs SELECT generate_series(1, 7)")
+        for n in range(10):
+            assert count(url, "SELECT count(*) FROM jobs WHERE id > %s", (n,)) == max(7 - n, 0)
+        pids = {count(url, "SELECT pg_backend_pid()") for _ in range(10)}
+        assert len(pids) == 1
+        with psycopg.connect(url, autocommit=True) as conn:
+            listed = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            ).fetchall()
+        assert pids < {int(row[0]) for row in listed}
+        assert backend_pids(url) == []
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        # A lost connection is opened again, not reported as a failure.
+        assert count(url, "SELECT count(*) FROM jobs") == 7
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(bench_env, autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    assert left is None
 
 
 def test_relay_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
