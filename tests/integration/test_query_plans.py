@@ -1176,6 +1176,39 @@ async def test_a_tenants_live_listing_behind_a_backlog_reads_a_page(
     assert read < 100, read
 
 
+@pytest.mark.parametrize("tenant", [None, "default"])
+async def test_a_page_of_few_live_runs_reads_them_without_walking_the_newest_runs(
+    sql: Conn, store: RunStore, tenant: str | None
+) -> None:
+    # With fewer live runs than a page, the walk of the newest runs (ten
+    # pages' worth: 500 runs looked up for a page of 50) found less than a
+    # page, and the partial indexes were read anyway; the walk was most of
+    # the page's cost and grew with the history (migration 0053 counts the
+    # live runs first). 3,000 finished runs newer than the 3 live ones.
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+        " SELECT 'a', '{}', 3, now() - interval '1 day' FROM generate_series(1, 3)"
+    )
+    assert len(await store.claim_batch(worker_id="w", limit=1, lease_seconds=300)) == 1
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, attempts, finished_at,"
+        " created_at)"
+        " SELECT 'a', '{}', 3, 'completed', 1, now(), now() - g * interval '1 ms'"
+        " FROM generate_series(1, 3000) AS g"
+    )
+    sql.execute("ANALYZE runlane.runs, runlane.run_listing")
+    params = {**list_params(["pending", "running"], None), "tenant": tenant, "limit": 50}
+    for _ in range(7):  # prepared, as on a long-lived connection
+        with sql.transaction(force_rollback=True):
+            before = listing_reads(sql)
+            page = sql.execute(
+                named_queries("queries.sql")["list_live_runs"], params, prepare=True
+            ).fetchall()
+            read = most_read(before, listing_reads(sql))
+        assert len(page) == 3
+        assert read < 50, read
+
+
 @pytest.mark.parametrize("statuses", [None, ["pending"], ["pending", "running"]], ids=str)
 async def test_an_operators_listing_among_many_tenants_reads_a_page(
     sql: Conn, statuses: list[str] | None
