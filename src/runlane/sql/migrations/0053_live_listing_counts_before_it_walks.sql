@@ -58,7 +58,7 @@ BEGIN
            < p_limit
     INTO few_live;
     IF few_live THEN
-        conclusive := false;
+        conclusive := false;  -- no walk: the partial indexes' query below
     ELSIF p_tenant IS NOT NULL OR p_user_id IS NULL THEN
         -- p_tenant NULL here: every tenant's runs in one walk.
         tenant_names := ARRAY[p_tenant];
