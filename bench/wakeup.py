@@ -45,6 +45,7 @@ from bench.common import (
     AGENT,
     Proc,
     bench_database,
+    count,
     latency_summary,
     median,
     print_table,
@@ -123,11 +124,9 @@ def probe_latencies(url: str) -> list[float]:
 
 
 def pending_probes(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM runlane.runs WHERE input ? 'probe' AND status <> 'completed'"
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return count(
+        url, "SELECT count(*) FROM runlane.runs WHERE input ? 'probe' AND status <> 'completed'"
+    )
 
 
 def capacity(url: str, n: int) -> float:

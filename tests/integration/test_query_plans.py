@@ -1198,15 +1198,23 @@ async def test_a_page_of_few_live_runs_reads_them_without_walking_the_newest_run
     )
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")
     params = {**list_params(["pending", "running"], None), "tenant": tenant, "limit": 50}
+    query = named_queries("queries.sql")["list_live_runs"]
+    live = newest_first(sql, ["pending", "running"])
+    assert len(live) == 3
     for _ in range(7):  # prepared, as on a long-lived connection
         with sql.transaction(force_rollback=True):
             before = listing_reads(sql)
-            page = sql.execute(
-                named_queries("queries.sql")["list_live_runs"], params, prepare=True
-            ).fetchall()
+            cur = sql.execute(query, params, prepare=True)
+            page = cur.fetchall()
             read = most_read(before, listing_reads(sql))
-        assert len(page) == 3
+        columns = [c.name for c in cur.description or []]
+        assert [row[columns.index("id")] for row in page] == live
         assert read < 50, read
+    # Pages of two, by the cursor: more live runs than a page, so the walk
+    # (of 20) comes first again; the same runs in the same order.
+    pages, reads = list_pages(sql, query, {**params, "limit": 2}, 2)
+    assert pages == live
+    assert max(reads) < 50, reads
 
 
 @pytest.mark.parametrize("statuses", [None, ["pending"], ["pending", "running"]], ids=str)
