@@ -46,10 +46,14 @@ BEGIN
     -- Fewer live runs of these statuses than a page, whatever their
     -- tenant: the partial indexes below hold the answer for less than any
     -- walk costs. Counted up to a page of each kind, so that behind a
-    -- backlog the count stops early and the walk follows as before.
+    -- backlog the count stops early and the walk follows as before. The
+    -- pending runs are counted newest first: while a backlog drains, the
+    -- oldest entries of the pending indexes belong to runs already claimed
+    -- until vacuum, and the newest are the backlog's own.
     SELECT (SELECT count(*) FROM (
                 SELECT FROM runlane.runs AS r
                 WHERE r.status = 'pending' AND 'pending' = ANY(p_statuses)
+                ORDER BY r.available_at DESC, r.seq DESC
                 LIMIT p_limit) AS pending)
          + (SELECT count(*) FROM (
                 SELECT FROM runlane.runs AS r
