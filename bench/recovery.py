@@ -23,7 +23,6 @@ import psycopg
 from bench import runlane_system
 from bench.common import (
     bench_database,
-    count,
     median,
     plot,
     print_table,
@@ -39,10 +38,6 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def runs_in(url: str, status: str) -> int:
-    return count(url, "SELECT count(*) FROM runlane.runs WHERE status = %s", (status,))
-
-
 def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict[str, Any]:
     runlane_system.reset(url)
     runlane_system.enqueue(url, held)
@@ -50,7 +45,11 @@ def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict
     holder = runlane_system.spawn_worker(url, held, mode="hold", extra=extra)
     try:
         holder.wait_ready()
-        wait_for(lambda: runs_in(url, "running") == held, timeout=30, what="runs held")
+        wait_for(
+            lambda: runlane_system.count_runs(url, ("running",)) == held,
+            timeout=30,
+            what="runs held",
+        )
         standby = runlane_system.spawn_worker(url, held, mode="stamp", extra=extra)
         with running([standby]):
             standby.wait_ready()
@@ -58,7 +57,7 @@ def trial(url: str, lease: float, held: int, reaper: float, poll: float) -> dict
             killed_at = time.time()
             holder.kill()
             wait_for(
-                lambda: runs_in(url, "completed") == held,
+                lambda: runlane_system.completed(url) == held,
                 timeout=lease + reaper + 30,
                 what="runs taken over",
             )
