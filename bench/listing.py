@@ -3,8 +3,8 @@ for sets of statuses, every tenant's page and one tenant's, with the
 statistics of a burst.
 
     python -m bench.listing [--history 300000] [--backlog 0] [--tenants 3]
-                            [--failed 0] [--calls 8] [--src OTHER_CHECKOUT/src]
-                            [--tag _s31] [--out-dir DIR]
+                            [--failed 0] [--drained 0] [--calls 8]
+                            [--src OTHER_CHECKOUT/src] [--tag _s31] [--out-dir DIR]
 
 One database: 40 runs submitted two days ago (10 of them claimed),
 ``--history`` completed runs newer than those, one every 100 ms, with
@@ -12,7 +12,12 @@ One database: 40 runs submitted two days ago (10 of them claimed),
 hour before the newest), and with ``--backlog`` that many pending runs
 newer still, each set spread over
 ``--tenants`` tenants (at least 2; ``t1`` is the one tenant listed); then
-ANALYZE. Each listing asks for a page of 50, ``--calls`` times on one
+ANALYZE. With ``--drained``, that many of the backlog's oldest runs are
+then claimed and completed by two bulk UPDATEs with the table's
+autovacuum off, as a draining backlog leaves them until vacuum, and
+every tenant's page of pending and running runs is listed ``--calls``
+times in a row first (``drained_ms``: each call's time, the first one
+meeting the ended runs' index entries). Each listing asks for a page of 50, ``--calls`` times on one
 connection (enough to be prepared), and reports the median of the calls.
 With ``--src``, another checkout's runlane lists the same database in a
 process of its own, right after this one's (before/after in the same
@@ -84,6 +89,50 @@ def fill(url: str, history: int, backlog: int, tenants: int = 3, failed: int = 0
         conn.execute("VACUUM ANALYZE runlane.runs, runlane.run_listing")
 
 
+def drain(url: str, drained: int) -> None:
+    """The oldest ``drained`` pending runs claimed, then completed, with no
+    vacuum after: their entries stay in the pending and leased runs'
+    indexes, as while a backlog drains between two vacuums."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE runlane.runs SET (autovacuum_enabled = off)")
+        conn.execute(
+            "WITH picked AS (SELECT id FROM runlane.runs WHERE status = 'pending'"
+            " ORDER BY available_at, seq LIMIT %(n)s)"
+            " UPDATE runlane.runs AS r SET status = 'running', attempts = 1,"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour',"
+            " worker_id = 'bench-drain' FROM picked WHERE r.id = picked.id",
+            {"n": drained},
+        )
+        conn.execute(
+            "UPDATE runlane.runs SET status = 'completed', lease_token = NULL,"
+            " lease_expires_at = NULL, finished_at = now()"
+            " WHERE status = 'running' AND worker_id = 'bench-drain'"
+        )
+
+
+async def measure_drained(url: str, calls: int) -> list[float]:
+    """Every tenant's page of pending and running runs, ``calls`` times in
+    a row right after the drain: each call's time (ms)."""
+    from runlane.database import create_pool
+    from runlane.models import RunStatus
+    from runlane.store import RunStore
+
+    pool = create_pool(url, min_size=1, max_size=1, check=False)
+    await pool.open()
+    await pool.wait()  # the connection made before the first call is timed
+    times = []
+    try:
+        store = RunStore(pool)
+        wanted = [RunStatus.PENDING, RunStatus.RUNNING]
+        for _ in range(calls):
+            started = time.perf_counter()
+            await store.list_runs(tenant=None, statuses=wanted, limit=50)
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        await pool.close()
+    return times
+
+
 async def measure(url: str, calls: int) -> list[dict[str, Any]]:
     """Each status set and tenant: its page's size and the median time of
     ``calls`` listings (ms). Runs under whichever runlane is importable."""
@@ -121,6 +170,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour',"
                 " worker_id = 'bench-listing' FROM picked WHERE r.id = picked.id"
             )
+        drained_ms = None
+        if args.drained:
+            drain(url, args.drained)
+            drained_ms = asyncio.run(measure_drained(url, args.calls))
+            print("drained: every tenant's page of pending, running runs, ms:", drained_ms)
         here = asyncio.run(measure(url, args.calls))
         other = None
         if args.src:
@@ -141,6 +195,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "backlog": args.backlog,
         "tenants": args.tenants,
         "failed": args.failed,
+        "drained": args.drained,
+        "drained_ms": drained_ms,
         "calls": args.calls,
         "src": args.src,
         "rows": here,
@@ -170,11 +226,17 @@ def main(argv: list[str] | None = None) -> None:
         "--tenants", type=int, default=3, help="tenants the runs spread over (>= 2)"
     )
     parser.add_argument("--failed", type=int, default=0, help="failed runs among the history")
+    parser.add_argument(
+        "--drained", type=int, default=0, help="of the backlog, claimed and completed unvacuumed"
+    )
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--src", default=None, help="another checkout's src, measured after")
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", type=Path, default=None)
-    run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.drained > args.backlog:
+        parser.error("--drained cannot exceed --backlog")
+    run(args)
 
 
 if __name__ == "__main__":

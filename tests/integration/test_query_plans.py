@@ -1217,6 +1217,55 @@ async def test_a_page_of_few_live_runs_reads_them_without_walking_the_newest_run
     assert max(reads) < 50, reads
 
 
+@pytest.mark.parametrize("tenant", [None, "default"])
+async def test_a_page_of_live_runs_behind_a_backlog_reads_the_page_and_no_more(
+    sql: Conn, store: RunStore, tenant: str | None
+) -> None:
+    # Behind a backlog the newest runs are the page. The walk looked up
+    # ten pages' worth of them (500 for a page of 50) whatever it had
+    # found, and the count before it read the leased runs' index, which
+    # while a backlog drains holds the entries of every run claimed and
+    # ended until vacuum (migration 0054). 20 runs leased, 3,000 finished
+    # and 600 pending newest.
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+        " SELECT 'a', '{}', 3, now() - interval '1 day' FROM generate_series(1, 20)"
+    )
+    assert len(await store.claim_batch(worker_id="w", limit=20, lease_seconds=300)) == 20
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, status, attempts, finished_at,"
+        " created_at)"
+        " SELECT 'a', '{}', 3, 'completed', 1, now(),"
+        " now() - interval '1 hour' - g * interval '1 ms' FROM generate_series(1, 3000) AS g"
+    )
+    sql.execute(
+        "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+        " SELECT 'a', '{}', 3, now() - g * interval '1 ms' FROM generate_series(1, 600) AS g"
+    )
+    sql.execute("ANALYZE runlane.runs, runlane.run_listing")
+    params = {**list_params(["pending", "running"], None), "tenant": tenant, "limit": 50}
+    query = named_queries("queries.sql")["list_live_runs"]
+    live = newest_first(sql, ["pending", "running"])
+    assert len(live) == 620
+    for _ in range(7):  # prepared, as on a long-lived connection
+        with sql.transaction(force_rollback=True):
+            before, scans = listing_reads(sql), index_scans(sql, "runs")
+            cur = sql.execute(query, params, prepare=True)
+            page = cur.fetchall()
+            read = most_read(before, listing_reads(sql))
+            leased_scans = index_scans(sql, "runs")["runs_leased_idx"]
+            assert leased_scans == scans["runs_leased_idx"]
+        columns = [c.name for c in cur.description or []]
+        assert [row[columns.index("id")] for row in page] == live[:50]
+        # The pending runs counted (50), the walk to its page's end (51)
+        # and the page's runs read (50): 151 where the walk alone read 500.
+        assert read < 200, read
+    # Three pages by the cursor: the same runs in the same order.
+    pages, reads = list_pages(sql, query, params, 3)
+    assert pages == live[:150]
+    assert max(reads) < 200, reads
+
+
 @pytest.mark.parametrize("statuses", [None, ["pending"], ["pending", "running"]], ids=str)
 async def test_an_operators_listing_among_many_tenants_reads_a_page(
     sql: Conn, statuses: list[str] | None
