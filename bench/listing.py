@@ -12,12 +12,13 @@ One database: 40 runs submitted two days ago (10 of them claimed),
 hour before the newest), and with ``--backlog`` that many pending runs
 newer still, each set spread over
 ``--tenants`` tenants (at least 2; ``t1`` is the one tenant listed); then
-ANALYZE. With ``--drained``, that many of the backlog's oldest runs are
-then claimed and completed by two bulk UPDATEs with the table's
-autovacuum off, as a draining backlog leaves them until vacuum, and
-every tenant's page of pending and running runs is listed ``--calls``
-times in a row first (``drained_ms``: each call's time, the first one
-meeting the ended runs' index entries). Each listing asks for a page of 50, ``--calls`` times on one
+ANALYZE. With ``--drained``, the backlog's runs are made available as
+they were created, and that many of its oldest are then claimed and
+completed by two bulk UPDATEs with the table's autovacuum off, as a
+draining backlog leaves them until vacuum; every tenant's page of
+pending and running runs is listed ``--calls`` times in a row first
+(``drained_ms``: each call's time, the first one also compiling and
+planning the listing). Each listing asks for a page of 50, ``--calls`` times on one
 connection (enough to be prepared), and reports the median of the calls.
 With ``--src``, another checkout's runlane lists the same database in a
 process of its own, right after this one's (before/after in the same
@@ -89,14 +90,24 @@ def fill(url: str, history: int, backlog: int, tenants: int = 3, failed: int = 0
         conn.execute("VACUUM ANALYZE runlane.runs, runlane.run_listing")
 
 
+# The backlog's runs: created within the last day, where the fill's first
+# runs were created two days ago.
+BACKLOG = "status = 'pending' AND created_at > now() - interval '1 day'"
+
+
 def drain(url: str, drained: int) -> None:
-    """The oldest ``drained`` pending runs claimed, then completed, with no
-    vacuum after: their entries stay in the pending and leased runs'
+    """The backlog's oldest ``drained`` runs claimed, then completed, with
+    no vacuum after: their entries stay in the pending and leased runs'
     indexes, as while a backlog drains between two vacuums."""
     with psycopg.connect(url, autocommit=True) as conn:
+        # The fill makes the backlog available at once, in the order of
+        # seq, which is the reverse of created_at's: made available as they
+        # were created, the oldest are claimed first, as a queue does.
+        conn.execute(f"UPDATE runlane.runs SET available_at = created_at WHERE {BACKLOG}")
+        conn.execute("VACUUM ANALYZE runlane.runs")
         conn.execute("ALTER TABLE runlane.runs SET (autovacuum_enabled = off)")
         conn.execute(
-            "WITH picked AS (SELECT id FROM runlane.runs WHERE status = 'pending'"
+            f"WITH picked AS (SELECT id FROM runlane.runs WHERE {BACKLOG}"
             " ORDER BY available_at, seq LIMIT %(n)s)"
             " UPDATE runlane.runs AS r SET status = 'running', attempts = 1,"
             " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour',"

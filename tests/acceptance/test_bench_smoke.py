@@ -374,18 +374,19 @@ def test_listing_smoke(bench_env: str, tmp_path: Path) -> None:
 
 def test_listing_smoke_after_a_drain(bench_env: str, tmp_path: Path) -> None:
     args = [
-        "--history", "500", "--backlog", "30", "--drained", "20", "--calls", "3",
+        "--history", "10", "--backlog", "30", "--drained", "20", "--calls", "3",
         "--out-dir", str(tmp_path), "--tag", "_drained",
     ]  # fmt: skip
     listing.main(args)
     stored = json.loads((tmp_path / "listing_drained_sync_off.json").read_text())
     assert stored["drained"] == 20 and len(stored["drained_ms"]) == 3
     pages = {(row["tenant"], row["statuses"]): row["rows"] for row in stored["rows"]}
-    # Of the 30 pending runs submitted first and the backlog's 30, the 20
-    # oldest claimed and completed: 40 pending; 10 running as before.
+    # Of the backlog's 30 pending runs, 20 claimed and completed beside the
+    # 10 completed runs of the history: 30 submitted first and 10 of the
+    # backlog pending, 10 running as before.
     assert (pages[(None, "pending")], pages[(None, "running")]) == (40, 10)
     assert pages[(None, "pending, running")] == 50
-    assert pages[(None, "completed")] == 50
+    assert pages[(None, "completed")] == 30
     with pytest.raises(SystemExit):
         listing.main(["--backlog", "10", "--drained", "11", "--out-dir", str(tmp_path)])
 

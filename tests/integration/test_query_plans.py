@@ -1257,8 +1257,9 @@ async def test_a_page_of_live_runs_behind_a_backlog_reads_the_page_and_no_more(
             assert leased_scans == scans["runs_leased_idx"]
         columns = [c.name for c in cur.description or []]
         assert [row[columns.index("id")] for row in page] == live[:50]
-        # The pending runs counted (50), the walk to its page's end (51)
-        # and the page's runs read (50): 151 where the walk alone read 500.
+        # Rows of runs: the pending runs counted (50), the walk's lookups
+        # to its page's end (50) and the page's runs read (50), where the
+        # walk alone looked up 500.
         assert read < 200, read
     # Three pages by the cursor: the same runs in the same order.
     pages, reads = list_pages(sql, query, params, 3)

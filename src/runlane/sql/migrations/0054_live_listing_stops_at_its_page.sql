@@ -7,13 +7,13 @@
 -- first runs, as behind a backlog of pending runs, where the newest runs
 -- are the page. It now keeps the walk's matches in the walk's order under
 -- a LIMIT of a page, so that the nested loop over the newest runs stops
--- at the page's last run. What the walk tells list_live_runs is
--- unchanged in meaning: `walked` is p_walk_limit when the walk reached
--- its limit short of a page, and less when it found a page or walked
--- every run of its index. The run at the walk's limit is kept beside
--- the matches to tell (a window's count of the matches would say it
--- too, but PostgreSQL 15 stops a window early only for count(*) and
--- row_number, not for a count of matches).
+-- at the page's last run. The run at the walk's limit is kept beside the
+-- matches, so that `walked`, now the position of the last run kept rather
+-- than a count of the runs seen, reaches p_walk_limit only when the walk
+-- did; list_live_runs reads the answer as before: conclusive when the
+-- walk ended before its limit or holds a page. (A window's running count
+-- of the matches under a condition, which PostgreSQL 15 can stop early,
+-- would stop only at the next match after the page.)
 --
 -- list_live_runs (0053) counted the pending and the leased runs, each up
 -- to a page, before it chose between the walk and the partial indexes.
