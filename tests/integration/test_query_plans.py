@@ -1267,6 +1267,50 @@ async def test_a_page_of_live_runs_behind_a_backlog_reads_the_page_and_no_more(
     assert max(reads) < 200, reads
 
 
+@pytest.mark.parametrize("last_place", [50, 51])
+async def test_a_walk_whose_page_ends_at_its_last_place_holds_the_page(
+    sql: Conn, last_place: int
+) -> None:
+    # A tenant's page of 5 walks its 50 newest runs. The walk keeps its run
+    # at the 50th place beside its matches, to tell a walk that reached its
+    # limit (migration 0054): when that run is the page's last, the walk
+    # holds the page; one place further it holds 4 of 5, and the live runs'
+    # indexes are read instead. The same five runs either way. Completed
+    # runs newest, then the five, then 300 older pending runs (one
+    # transaction: one now()).
+    with sql.transaction():
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, status, attempts,"
+            " finished_at, created_at)"
+            " SELECT 'a', '{}', 3, 'completed', 1, now(), now() - g * interval '1 ms'"
+            " FROM generate_series(1, %s) AS g",
+            (last_place - 5,),
+        )
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+            " SELECT 'a', '{}', 3, now() - (%s + g) * interval '1 ms'"
+            " FROM generate_series(1, 5) AS g",
+            (last_place - 5,),
+        )
+        sql.execute(
+            "INSERT INTO runlane.runs (agent, input, max_attempts, created_at)"
+            " SELECT 'a', '{}', 3, now() - interval '1 hour' - g * interval '1 ms'"
+            " FROM generate_series(1, 300) AS g"
+        )
+    sql.execute("ANALYZE runlane.runs, runlane.run_listing")
+    params = list_params(["pending", "running"], None)
+    live = newest_first(sql, ["pending", "running"])
+    with sql.transaction(force_rollback=True):
+        before = listing_reads(sql)
+        cur = sql.execute(named_queries("queries.sql")["list_live_runs"], params)
+        page = cur.fetchall()
+        read = most_read(before, listing_reads(sql))
+    columns = [c.name for c in cur.description or []]
+    assert [row[columns.index("id")] for row in page] == live[:5]
+    if last_place == 50:
+        assert read < 100, read  # 62 here; one place further, 362
+
+
 @pytest.mark.parametrize("statuses", [None, ["pending"], ["pending", "running"]], ids=str)
 async def test_an_operators_listing_among_many_tenants_reads_a_page(
     sql: Conn, statuses: list[str] | None
