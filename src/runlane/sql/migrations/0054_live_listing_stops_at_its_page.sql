@@ -19,8 +19,10 @@
 -- to a page, before it chose between the walk and the partial indexes.
 -- While a backlog drains, the leased runs' index holds the entries of
 -- the runs already claimed and ended until vacuum, and the count met them
--- (the first page 21.5-24.4 ms in the forty-second session's scratch
--- probe, 1.4-2.3 ms before 0053; BENCHMARKS.md section 4). With a page of
+-- (the first page after 150,000 of 200,000 pending runs were claimed and
+-- completed, unvacuumed: 56.8-61.7 ms with 0053, 10.8-14.3 ms with 0054,
+-- about what a first call costs without the drain; `python -m
+-- bench.listing --drained`, BENCHMARKS.md section 4). With a page of
 -- pending runs there is nothing for the leased count to decide: it is
 -- now made only when the pending runs are fewer than a page, and only up
 -- to what the page still lacks.
@@ -159,7 +161,7 @@ DECLARE
     -- in 0037; each of several tenants' walks 2 pages' worth.
     walk_limit integer := CASE WHEN p_tenant IS NOT NULL OR p_user_id IS NULL
                                THEN 10 * p_limit ELSE 2 * p_limit END;
-    live integer := 0;
+    live_counted integer := 0;
 BEGIN
     -- Fewer live runs of these statuses than a page, whatever their
     -- tenant: the partial indexes below hold the answer for less than any
@@ -169,19 +171,19 @@ BEGIN
     -- newest are the backlog's own. The leased runs only for what the page
     -- still lacks: their index then holds the entries of the drained runs.
     IF 'pending' = ANY(p_statuses) THEN
-        SELECT count(*) INTO live FROM (
+        SELECT count(*) INTO live_counted FROM (
             SELECT FROM runlane.runs AS r
             WHERE r.status = 'pending'
             ORDER BY r.available_at DESC, r.seq DESC
             LIMIT p_limit) AS pending;
     END IF;
-    IF live < p_limit THEN
-        SELECT live + count(*) INTO live FROM (
+    IF live_counted < p_limit THEN
+        SELECT live_counted + count(*) INTO live_counted FROM (
             SELECT FROM runlane.runs AS r
             WHERE r.status IN ('running', 'cancel_requested') AND r.status = ANY(p_statuses)
-            LIMIT p_limit - live) AS leased;
+            LIMIT p_limit - live_counted) AS leased;
     END IF;
-    IF live < p_limit THEN
+    IF live_counted < p_limit THEN
         conclusive := false;  -- no walk: the partial indexes' query below
     ELSIF p_tenant IS NOT NULL OR p_user_id IS NULL THEN
         -- p_tenant NULL here: every tenant's runs in one walk.
