@@ -454,6 +454,21 @@ def newest_first(sql: Conn, statuses: list[str] | None) -> list[UUID]:
     ]
 
 
+def read_page(
+    sql: Conn, query: str, params: dict[str, Any], *, prepare: bool = False
+) -> tuple[list[dict[str, Any]], int, set[str]]:
+    """A page of a listing, its rows by column name; the most rows it read
+    from one of runs and run_listing; and the indexes of runs it scanned."""
+    with sql.transaction(force_rollback=True):
+        before, scans = listing_reads(sql), index_scans(sql, "runs")
+        cur = sql.execute(query, params, prepare=prepare)
+        rows = cur.fetchall()
+        read = most_read(before, listing_reads(sql))
+        scanned = {name for name, n in index_scans(sql, "runs").items() if n > scans[name]}
+    columns = [c.name for c in cur.description or []]
+    return [dict(zip(columns, row, strict=True)) for row in rows], read, scanned
+
+
 def list_pages(
     sql: Conn, query: str, params: dict[str, Any], pages: int
 ) -> tuple[list[UUID], list[int]]:
@@ -463,17 +478,13 @@ def list_pages(
     ids: list[UUID] = []
     reads: list[int] = []
     for _ in range(pages):
-        with sql.transaction(force_rollback=True):
-            before = listing_reads(sql)
-            cur = sql.execute(query, params)
-            page = cur.fetchall()
-            reads.append(most_read(before, listing_reads(sql)))
-        columns = [c.name for c in cur.description or []]
-        ids += [row[columns.index("id")] for row in page]
+        page, read, _ = read_page(sql, query, params)
+        reads.append(read)
+        ids += [row["id"] for row in page]
         params = {
             **params,
-            "before_created_at": page[-1][columns.index("created_at")],
-            "before_id": page[-1][columns.index("id")],
+            "before_created_at": page[-1]["created_at"],
+            "before_id": page[-1]["id"],
         }
     return ids, reads
 
@@ -1202,13 +1213,8 @@ async def test_a_page_of_few_live_runs_reads_them_without_walking_the_newest_run
     live = newest_first(sql, ["pending", "running"])
     assert len(live) == 3
     for _ in range(7):  # prepared, as on a long-lived connection
-        with sql.transaction(force_rollback=True):
-            before = listing_reads(sql)
-            cur = sql.execute(query, params, prepare=True)
-            page = cur.fetchall()
-            read = most_read(before, listing_reads(sql))
-        columns = [c.name for c in cur.description or []]
-        assert [row[columns.index("id")] for row in page] == live
+        page, read, _ = read_page(sql, query, params, prepare=True)
+        assert [row["id"] for row in page] == live
         assert read < 50, read
     # Pages of two, by the cursor: more live runs than a page, so the walk
     # (of 20) comes first again; the same runs in the same order.
@@ -1248,15 +1254,9 @@ async def test_a_page_of_live_runs_behind_a_backlog_reads_the_page_and_no_more(
     live = newest_first(sql, ["pending", "running"])
     assert len(live) == 620
     for _ in range(7):  # prepared, as on a long-lived connection
-        with sql.transaction(force_rollback=True):
-            before, scans = listing_reads(sql), index_scans(sql, "runs")
-            cur = sql.execute(query, params, prepare=True)
-            page = cur.fetchall()
-            read = most_read(before, listing_reads(sql))
-            leased_scans = index_scans(sql, "runs")["runs_leased_idx"]
-            assert leased_scans == scans["runs_leased_idx"]
-        columns = [c.name for c in cur.description or []]
-        assert [row[columns.index("id")] for row in page] == live[:50]
+        page, read, scanned = read_page(sql, query, params, prepare=True)
+        assert "runs_leased_idx" not in scanned
+        assert [row["id"] for row in page] == live[:50]
         # Rows of runs: the pending runs counted (50), the walk's lookups
         # to its page's end (50) and the page's runs read (50), where the
         # walk alone looked up 500.
@@ -1300,13 +1300,8 @@ async def test_a_walk_whose_page_ends_at_its_last_place_holds_the_page(
     sql.execute("ANALYZE runlane.runs, runlane.run_listing")
     params = list_params(["pending", "running"], None)
     live = newest_first(sql, ["pending", "running"])
-    with sql.transaction(force_rollback=True):
-        before = listing_reads(sql)
-        cur = sql.execute(named_queries("queries.sql")["list_live_runs"], params)
-        page = cur.fetchall()
-        read = most_read(before, listing_reads(sql))
-    columns = [c.name for c in cur.description or []]
-    assert [row[columns.index("id")] for row in page] == live[:5]
+    page, read, _ = read_page(sql, named_queries("queries.sql")["list_live_runs"], params)
+    assert [row["id"] for row in page] == live[:5]
     if last_place == 50:
         assert read < 100, read  # 62 here; one place further, 362
 
