@@ -17,6 +17,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -376,6 +377,11 @@ def free_port() -> int:
 
 
 def machine() -> dict[str, Any]:
+    """The machine a result was measured on: its CPUs and memory, the
+    Python and PostgreSQL versions, and two speeds that differ between
+    machines of the same kind and move a result with them (BENCHMARKS.md,
+    *How to read the numbers*): a Python loop's time and an 8 kB write's
+    fdatasync, taken as the results are written, after the measurements."""
     info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/meminfo") as f:
@@ -384,7 +390,52 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(Exception), psycopg.connect(admin_url()) as conn:
         row = conn.execute("SHOW server_version").fetchone()
         info["postgresql"] = row[0] if row else None
+    info["cpu_model"] = cpu_model()
+    info["python_10m_additions_s"] = round(python_loop_seconds(), 3)
+    with contextlib.suppress(OSError):
+        info["fdatasync_8k_us"] = round(fdatasync_microseconds(), 1)
     return info
+
+
+def cpu_model() -> str | None:
+    """The first CPU's model name, as the kernel reports it."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def python_loop_seconds(n: int = 10_000_000) -> float:
+    """A plain Python loop of ``n`` additions: how fast this machine runs
+    Python (0.48 to 1.66 s for ten million on this project's machines).
+    Run at a module's level, with its names global, as the sessions timed
+    it by hand (``python3 -c``): in a function, with local names, the same
+    loop takes about half as long."""
+    code = compile("total = 0\nfor i in range(n):\n    total += i\n", "<loop>", "exec")
+    started = time.perf_counter()
+    exec(code, {"n": n})
+    return time.perf_counter() - started
+
+
+def fdatasync_microseconds(writes: int = 100) -> float:
+    """The median time of an 8 kB write and its fdatasync to a file in the
+    temporary directory: what a commit's flush costs where the database's
+    files share that disk, as on the machines of BENCHMARKS.md (pg_test_fsync
+    measures the same write)."""
+    block = os.urandom(8192)
+    times = []
+    fd, path = tempfile.mkstemp(prefix="runlane-bench-fdatasync-")
+    try:
+        for _ in range(writes):
+            started = time.perf_counter()
+            os.pwrite(fd, block, 0)
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return statistics.median(times) * 1e6
 
 
 def write_results(name: str, data: dict[str, Any], *, out_dir: Path | None = None) -> Path:

@@ -69,6 +69,12 @@ def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
     )
     stored = json.loads((tmp_path / "throughput_sync_off.json").read_text())
     assert set(stored["skipped"]) <= set(skipped)
+    # Each result says which machine it was measured on, with the two
+    # speeds that tell machines of the same kind apart.
+    measured_on = stored["machine"]
+    assert measured_on["cpu_model"]
+    assert measured_on["python_10m_additions_s"] > 0
+    assert measured_on["fdatasync_8k_us"] > 0
     for trial in data["trials"]:
         assert trial["jobs_per_s"] > 0
         # The steady window (10% to 90% of completions) lies inside the
