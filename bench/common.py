@@ -190,15 +190,18 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def backend_pids(url: str) -> list[int]:
-    """PostgreSQL backends connected to this URL's database but the
-    harness's counting connection (the server runs on this machine, so
-    their CPU can be read from /proc)."""
+    """PostgreSQL backends serving the clients connected to this URL's
+    database but the harness's counting connection (the server runs on
+    this machine, so their CPU can be read from /proc). An autovacuum
+    worker on the database is left out: it comes and goes between two
+    readings, so its CPU could not be read across them."""
     name = pg_conninfo.conninfo_to_dict(url)["dbname"]
     with psycopg.connect(admin_url(), autocommit=True) as conn:
         rows = conn.execute(
             """
             SELECT pid FROM pg_stat_activity
-            WHERE datname = %s AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM %s
+            WHERE datname = %s AND backend_type = 'client backend'
+              AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM %s
             """,
             (name, COUNT_APPLICATION),
         ).fetchall()

@@ -40,6 +40,7 @@ from bench.common import (
     process_cpu_seconds,
     run_for_json,
     spawn,
+    wait_for,
     write_results,
 )
 
@@ -83,9 +84,16 @@ def one_measurement(up_to: int | None, n: int, concurrency: int, listeners: int)
             for proc in procs:
                 proc.wait_ready()
             # Before the worker starts, the listeners' are the database's
-            # only backends (their hubs' pools are never opened).
-            backends = backend_pids(url)
-            assert len(backends) == listeners, backends
+            # only client backends (their hubs' pools are never opened),
+            # once any other has ended (a third was seen once in CI: the
+            # migration's connection still leaving, it seems).
+            backends: list[int] = []
+
+            def listeners_alone() -> bool:
+                backends[:] = backend_pids(url)
+                return len(backends) == listeners
+
+            wait_for(listeners_alone, timeout=30, what=f"{listeners} listening backends alone")
             procs_before = [proc.cpu_seconds() for proc in procs]
             backends_before = [process_cpu_seconds(pid) for pid in backends]
             worker = run_for_json(
