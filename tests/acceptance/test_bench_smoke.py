@@ -451,11 +451,23 @@ def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
         loops=(1, 2),
         pg_bin=backend_instructions.embedded_bin(),
         out_dir=tmp_path,
+        functions=5000,
     )
-    assert 0 < data["instructions_per_run"]["exp"] < data["instructions_per_run"]["base"]
+    per_run = data["instructions_per_run"]
+    assert 0 < per_run["exp"] < per_run["base"]
     stored = json.loads(next(tmp_path.glob("backend_instructions*.json")).read_text())
     assert stored["instructions"] == data["instructions"]
     assert stored["submit_each_in_loop"] is submit_each
+    # Function by function, the same counts: every function listed, their
+    # own instructions add up to the run's (each rounded), most first, and
+    # the B-tree insertion that two fewer index entries spare is where the
+    # experiment's runs save.
+    base = dict(stored["functions_per_run"]["base"])
+    exp = dict(stored["functions_per_run"]["exp"])
+    assert list(base.values()) == sorted(base.values(), reverse=True)
+    assert abs(sum(base.values()) - per_run["base"]) < 0.02 * per_run["base"]
+    assert abs(sum(exp.values()) - per_run["exp"]) < 0.02 * per_run["exp"]
+    assert 0 < exp["_bt_doinsert"] < base["_bt_doinsert"]
 
 
 def test_submit_instructions_smoke(tmp_path: Path) -> None:
