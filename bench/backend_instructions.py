@@ -1,6 +1,7 @@
 """PostgreSQL's instructions per claimed and finished run, counted by callgrind.
 
     python -m bench.backend_instructions [--sql SQL | --sql-file FILE] [--up-to VERSION]
+                                         [--runs-columns indexed-first|same]
                                          [--submit | --submit-each] [--events K]
                                          [--agents bench] [--batch 200]
                                          [--loops 10,30]
@@ -9,7 +10,9 @@
 
 Two throwaway clusters (initdb; autovacuum and fsync off): ``base`` gets
 runlane's migrations (up to VERSION with ``--up-to``), ``exp`` the same and
-then the experiment's SQL. Each gets pending no-op runs, every one with its
+then the experiment: ``--runs-columns`` rebuilds the schema with the
+columns of ``runs`` in another order (``bench.runs_column_order``), and
+the experiment's SQL follows. Each gets pending no-op runs, every one with its
 own created_at as when runs are submitted one by one (with one time for
 all, the listing indexes order them by their random id and every status
 change writes to a random leaf), then VACUUM ANALYZE and CHECKPOINT. For
@@ -55,6 +58,7 @@ from typing import Any
 import psycopg
 
 from bench.common import free_port, print_table, write_results
+from bench.runs_column_order import ORDERS, rewritten_schema
 
 LOOP = """DO $$
 DECLARE ids uuid[]; tokens uuid[]; n integer;
@@ -253,7 +257,13 @@ def throwaway_clusters(
         yield {name: Cluster(root, name, pg_bin, user) for name in names}
 
 
-def prepare(cluster: Cluster, up_to: int | None, sql: str | None, pending: int) -> None:
+def prepare(
+    cluster: Cluster,
+    up_to: int | None,
+    sql: str | None,
+    pending: int,
+    runs_columns: str | None = None,
+) -> None:
     from runlane.migrations import migrate
 
     cluster.init()
@@ -261,6 +271,10 @@ def prepare(cluster: Cluster, up_to: int | None, sql: str | None, pending: int) 
     try:
         migrate(cluster.url(), up_to=up_to)
         with psycopg.connect(cluster.url(), autocommit=True) as conn:
+            if runs_columns:
+                rebuilt = rewritten_schema(cluster.url(), cluster.pg_bin, runs_columns)
+                with conn.transaction():
+                    conn.execute(rebuilt.encode())
             if sql:
                 with conn.transaction():
                     conn.execute(sql.encode())
@@ -285,6 +299,7 @@ def run(
     events: int = 0,
     agents: list[str] | None = None,
     functions: int = 0,
+    runs_columns: str | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
     few, many = loops
@@ -293,7 +308,10 @@ def run(
         # longer loop's, and a batch to spare.
         pending = batch if submit or submit_each else (many + 1) * batch
         for name, cluster in clusters.items():
-            prepare(cluster, up_to, sql if name == "exp" else None, pending)
+            if name == "exp":
+                prepare(cluster, up_to, sql, pending, runs_columns)
+            else:
+                prepare(cluster, up_to, None, pending)
         submit_sql = ""
         if submit:
             submit_sql = INSERT_RUNS.format(n=batch) + "; COMMIT;"
@@ -337,6 +355,8 @@ def run(
         "postgres": version,
         "synchronous_commit": "not applicable (a single-user backend, fsync off)",
         "sql": sql,
+        # With --runs-columns: the exp cluster's order of the columns of runs.
+        "runs_columns": runs_columns,
         "migrations_up_to": up_to,
         "submit_in_loop": submit,
         "submit_each_in_loop": submit_each,
@@ -362,6 +382,12 @@ def main() -> None:
     what.add_argument("--sql", default=None, help="the experiment's SQL")
     what.add_argument("--sql-file", type=Path, default=None, help="the experiment's SQL file")
     parser.add_argument("--up-to", type=int, default=None, help="last migration applied")
+    parser.add_argument(
+        "--runs-columns",
+        choices=ORDERS,
+        default=None,
+        help="rebuild the exp cluster's schema with the columns of runs in this order",
+    )
     submitted = parser.add_mutually_exclusive_group()
     submitted.add_argument("--submit", action="store_true", help="insert each batch in the loop")
     submitted.add_argument(
@@ -401,6 +427,7 @@ def main() -> None:
         events=args.events,
         agents=args.agents.split(",") if args.agents else None,
         functions=args.functions,
+        runs_columns=args.runs_columns,
     )
     per_run = data["instructions_per_run"]
     print(data["postgres"])
