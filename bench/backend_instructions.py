@@ -308,10 +308,8 @@ def run(
         # longer loop's, and a batch to spare.
         pending = batch if submit or submit_each else (many + 1) * batch
         for name, cluster in clusters.items():
-            if name == "exp":
-                prepare(cluster, up_to, sql, pending, runs_columns)
-            else:
-                prepare(cluster, up_to, None, pending)
+            exp = name == "exp"
+            prepare(cluster, up_to, sql if exp else None, pending, runs_columns if exp else None)
         submit_sql = ""
         if submit:
             submit_sql = INSERT_RUNS.format(n=batch) + "; COMMIT;"
