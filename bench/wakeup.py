@@ -16,7 +16,9 @@ can take (the median of a few one-second windows): a burn-down of runs
 inserted beforehand (also reported) overstates it, as the worker then
 claims full batches and shares the cores with no loader, so half of it
 was not a sustainable rate on every machine. The worker's CPU share
-during the loaded phase is reported beside it.
+during the loaded phase is reported beside it, and the disk's flushes
+beneath it (bench.flush_stalls): a flush that stalls holds every commit,
+so a round's tail can be the disk's rather than the queue's.
 
 The peers (PGQueuer, oban) are measured idle the same way, and so is
 ``sql-floor`` (bench.peers.sql_floor): the same probes through bare SQL,
@@ -40,7 +42,7 @@ from typing import Any
 
 import psycopg
 
-from bench import runlane_system
+from bench import flush_stalls, runlane_system
 from bench.common import (
     AGENT,
     Proc,
@@ -245,7 +247,10 @@ def run(
                     loader.wait_ready()
                     time.sleep(1.0)  # reach a steady state
                     cpu_before, at = worker.cpu_seconds(), time.monotonic()
-                    loaded = phase(url, cfg["n"], gap, via)
+                    # Whether the disk's flush stalled beneath the phase: a
+                    # stall holds every commit, and the tail with it.
+                    with flush_stalls.watching() as flushes:
+                        loaded = phase(url, cfg["n"], gap, via)
                     worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
                     backlog = runlane_system.remaining(url)
                 # Let the worker finish the load before the tables are reset.
@@ -261,6 +266,7 @@ def run(
                         "rate": rate,
                         "worker_cpu_share": worker_busy,
                         "backlog_at_end": backlog,
+                        "loaded_flushes": flushes,
                     }
                 )
                 print(
@@ -269,7 +275,8 @@ def run(
                     f" (burn-down {burn_down:.0f}/s); at {rate:.0f}/s p50"
                     f" {loaded['latency']['p50_ms']:.2f} ms p99"
                     f" {loaded['latency']['p99_ms']:.2f} ms (backlog {backlog},"
-                    f" worker CPU {100 * worker_busy:.0f}%)",
+                    f" worker CPU {100 * worker_busy:.0f}%; longest 8 kB flush"
+                    f" {flushes.get('max_ms')} ms)",
                     flush=True,
                 )
     summary = {
@@ -283,6 +290,8 @@ def run(
     summary["burn_down_capacity_per_s"] = median([r["burn_down_capacity"] for r in rounds])
     summary["load_per_s"] = median([r["rate"] for r in rounds])
     summary["loaded_worker_cpu_share"] = median([r["worker_cpu_share"] for r in rounds])
+    # The longest 8 kB flush beneath each round's loaded phase, in order.
+    summary["loaded_longest_flush_ms"] = [r["loaded_flushes"].get("max_ms") for r in rounds]
     table_rows: list[list[Any]] = [
         ["runlane, idle worker", summary["idle_p50"], summary["idle_p99"], ""],
         [

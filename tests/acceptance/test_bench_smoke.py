@@ -112,6 +112,13 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         first = data["rounds"][0]
         assert first["capacity"] > 0 and first["rate"] == first["capacity"] / 2
         assert first["worker_cpu_share"] > 0
+        # The disk's flushes were watched from a process of their own
+        # through the loaded phase (bench.flush_stalls), and reported.
+        flushes = first["loaded_flushes"]
+        assert flushes["flushes"] > 0
+        assert flushes["max_ms"] >= flushes["p50_ms"] > 0
+        assert all(ms > flushes["stall_ms"] for _, ms in flushes["stalls"])
+        assert data["summary"]["loaded_longest_flush_ms"] == [flushes["max_ms"]]
 
 
 def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_path: Path) -> None:
