@@ -246,12 +246,12 @@ def run(
                 with running([loader]):
                     loader.wait_ready()
                     time.sleep(1.0)  # reach a steady state
-                    cpu_before, at = worker.cpu_seconds(), time.monotonic()
                     # Whether the disk's flush stalled beneath the phase: a
                     # stall holds every commit, and the tail with it.
                     with flush_stalls.watching() as flushes:
+                        cpu_before, at = worker.cpu_seconds(), time.monotonic()
                         loaded = phase(url, cfg["n"], gap, via)
-                    worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
+                        worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
                     backlog = runlane_system.remaining(url)
                 # Let the worker finish the load before the tables are reset.
                 wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
