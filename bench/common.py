@@ -8,6 +8,7 @@ adapters (which may run under another interpreter, see
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -343,6 +344,24 @@ def wait_for(condition: Any, *, timeout: float, interval: float = 0.05, what: st
         time.sleep(interval)
 
 
+async def add_at_rate(rate: float, tick_ms: float, add: Callable[[int], Awaitable[None]]) -> None:
+    """A loader's loop, until the process is stopped: every ``tick_ms`` it
+    calls ``add(batch)`` with what is due by the clock since the start, so a
+    loader that falls behind catches up instead of offering less (the
+    wake-up figure's loaded phase, for the peers as for runlane)."""
+    tick = tick_ms / 1000
+    added = 0
+    print("ready", flush=True)
+    began = next_at = time.monotonic()
+    while True:
+        batch = int(rate * (time.monotonic() - began)) - added
+        if batch > 0:
+            await add(batch)
+            added += batch
+        next_at += tick
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
 # -- results ---------------------------------------------------------------------
 
 
@@ -360,6 +379,10 @@ SYSTEM_FIELDS = (
     "steady_window",
     "spawn_worker",
     "probe",
+    # The wake-up figure's loaded phase: jobs done so far, and a loader
+    # process adding jobs at a given rate through the system's own enqueue.
+    "completed",
+    "spawn_loader",
 )
 
 

@@ -20,7 +20,9 @@ during the loaded phase is reported beside it, and the disk's flushes
 beneath it (bench.flush_stalls): a flush that stalls holds every commit,
 so a round's tail can be the disk's rather than the queue's.
 
-The peers (PGQueuer, oban) are measured idle the same way, and so is
+The peers (PGQueuer, oban) are measured the same way, idle and under
+half the rate their own worker sustains (each its own loader, through its
+own enqueue; ``--idle-peers-only`` leaves that out), and so is
 ``sql-floor`` (bench.peers.sql_floor): the same probes through bare SQL,
 one INSERT with its NOTIFY and one claiming UPDATE, both committed, with
 nothing else on the path: the lowest wake-up any PostgreSQL queue can have
@@ -28,6 +30,9 @@ on the machine that round, for a queue whose workers pull (claim after a
 NOTIFY). ``sql-push-floor`` (bench.peers.sql_push_floor) is the same for a
 push design: the submit claims for a parked idle worker in its own commit
 and the NOTIFY carries the job, so no claim round trip is on the path.
+The pull floor is loaded as the peers are, which gives the lowest loaded
+wake-up of a pulling queue on the machine; the push floor is measured idle
+only.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from bench.common import (
     print_table,
     running,
     spawn,
+    system_variant,
     wait_for,
     write_results,
 )
@@ -142,24 +148,44 @@ def capacity(url: str, n: int) -> float:
     return n / (last - first)
 
 
-def sustained_capacity(url: str, offered: float, window: float, windows: int = 3) -> float:
-    """Runs/s the running worker completes while the loader offers
+def sustained_capacity(
+    url: str, offered: float, window: float, windows: int = 3, *, system: Any = None
+) -> float:
+    """Runs/s the running worker completes while a loader offers
     ``offered`` runs/s (more than it can take): the median of ``windows``
-    windows after one of warm-up."""
-    runlane_system.reset(url)
-    loader = spawn_loader(url, offered)
+    windows after one of warm-up. ``system``: a peer's (its loader, its
+    count of jobs done), else runlane's."""
+    if system is None:
+        system = system_variant(runlane_system, spawn_loader=spawn_loader)
+    system.reset(url)
+    loader = system.spawn_loader(url, offered)
     rates = []
     with running([loader]):
         loader.wait_ready()
         time.sleep(window)  # warm-up: the backlog forms
-        before, at = runlane_system.completed(url), time.monotonic()
+        before, at = system.completed(url), time.monotonic()
         for _ in range(windows):
             time.sleep(window)
-            after, now = runlane_system.completed(url), time.monotonic()
+            after, now = system.completed(url), time.monotonic()
             rates.append((after - before) / (now - at))
             before, at = after, now
-    wait_for(lambda: runlane_system.remaining(url) == 0, timeout=120, what="saturating load")
+    wait_for(lambda: system.remaining(url) == 0, timeout=120, what="saturating load")
     return median(rates)
+
+
+def peer_capacity(system: Any, url: str, first_offer: float, window: float) -> float:
+    """A peer's worker's sustained rate, measured as runlane's: a loader
+    offering more than it takes. A first, short offer (runlane's capacity
+    that round) gives its rate roughly, doubled while the worker kept up
+    with it; then 1.5 times that rough rate, as runlane is offered."""
+    offer = first_offer
+    rough = sustained_capacity(url, offer, window, windows=1, system=system)
+    for _ in range(3):
+        if rough < 0.9 * offer:
+            break
+        offer *= 2
+        rough = sustained_capacity(url, offer, window, windows=1, system=system)
+    return sustained_capacity(url, 1.5 * rough, window, system=system)
 
 
 def wakeup_systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
@@ -196,6 +222,55 @@ def peer_phase(
     return {"latency": latency_summary(latencies), **reported}
 
 
+def peer_loaded_phase(
+    system: Any,
+    url: str,
+    n: int,
+    gap: float,
+    *,
+    first_offer: float,
+    window: float,
+    listen_wait: float = 2.0,
+    load_tick_ms: float = 10.0,
+) -> dict[str, Any]:
+    """The loaded wake-up figure for a peer queue, as runlane's: its worker
+    (concurrency 10) under its own loader at half the rate it sustains,
+    the probes one at a time beside the load, the disk's flushes watched."""
+    system.setup(url)
+    system.reset(url)
+    worker = system.spawn_worker(url, 10, mode="stamp")
+    try:
+        worker.wait_ready()
+        time.sleep(listen_wait)  # let it LISTEN before the first job
+        cap = peer_capacity(system, url, first_offer, window)
+        system.reset(url)
+        rate = cap / 2
+        loader = system.spawn_loader(url, rate, tick_ms=load_tick_ms)
+        with running([loader]):
+            loader.wait_ready()
+            time.sleep(1.0)  # reach a steady state
+            with flush_stalls.watching() as flushes:
+                cpu_before, at = worker.cpu_seconds(), time.monotonic()
+                system.probe(url, n, gap)
+                worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
+            backlog = system.remaining(url)
+        wait_for(lambda: system.remaining(url) == 0, timeout=120, what=f"{system.NAME} load")
+    finally:
+        out = worker.stop_and_read()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    reported = json.loads(lines[-1]) if lines else {}
+    latencies = reported.pop("latencies", [])
+    return {
+        "latency": latency_summary(latencies),
+        "capacity": cap,
+        "rate": rate,
+        "worker_cpu_share": worker_busy,
+        "backlog_at_end": backlog,
+        "loaded_flushes": flushes,
+        **reported,
+    }
+
+
 def phase(url: str, n: int, gap: float, via: str = "runs") -> dict[str, Any]:
     submit_seconds = asyncio.run(submit_probes(url, n, gap, via))
     wait_for(lambda: pending_probes(url) == 0, timeout=60, what="probes")
@@ -213,6 +288,7 @@ def run(
     load_rate: float | None = None,
     worker_src: str | None = None,
     load_tick_ms: float = 10.0,
+    peers_loaded: bool = True,
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
@@ -255,11 +331,13 @@ def run(
                     backlog = runlane_system.remaining(url)
                 # Let the worker finish the load before the tables are reset.
                 wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
+                peer_loaded: dict[str, Any] = {}
                 rounds.append(
                     {
                         "round": rnd,
                         "idle": idle,
                         "peers_idle": peer_idle,
+                        "peers_loaded": peer_loaded,
                         "loaded": loaded,
                         "capacity": cap,
                         "burn_down_capacity": burn_down,
@@ -279,7 +357,31 @@ def run(
                     f" {flushes.get('max_ms')} ms)",
                     flush=True,
                 )
-    summary = {
+                # The peers at half their own capacity, after runlane's load.
+                for system in peer_systems:
+                    if not peers_loaded or not hasattr(system, "spawn_loader"):
+                        continue
+                    peer_loaded[system.NAME] = measured = peer_loaded_phase(
+                        system,
+                        url,
+                        cfg["n"],
+                        gap,
+                        first_offer=cap,
+                        window=cfg["window_s"],
+                        listen_wait=cfg["listen_wait"],
+                        load_tick_ms=load_tick_ms,
+                    )
+                    print(
+                        f"round {rnd}: {system.NAME} at {measured['rate']:.0f}/s"
+                        f" (capacity {measured['capacity']:.0f}/s) p50"
+                        f" {measured['latency']['p50_ms']:.2f} ms p99"
+                        f" {measured['latency']['p99_ms']:.2f} ms (backlog"
+                        f" {measured['backlog_at_end']}, worker CPU"
+                        f" {100 * measured['worker_cpu_share']:.0f}%; longest 8 kB flush"
+                        f" {measured['loaded_flushes'].get('max_ms')} ms)",
+                        flush=True,
+                    )
+    summary: dict[str, Any] = {
         f"{ph}_{key}": median([r[ph][part][f"{key}_ms"] for r in rounds])
         for ph in ("idle", "loaded")
         for part, key in (("latency", "p50"), ("latency", "p99"))
@@ -317,8 +419,38 @@ def run(
         summary[f"{name}_idle_p99"] = p99
         summary[f"runlane_over_{name}_p50"] = ratio
         table_rows.append([f"{name}, idle worker", p50, p99, ratio])
+    for name in rounds[0]["peers_loaded"]:
+        loaded_runs = [r["peers_loaded"][name] for r in rounds]
+        p50 = median([m["latency"]["p50_ms"] for m in loaded_runs])
+        p99 = median([m["latency"]["p99_ms"] for m in loaded_runs])
+        summary[f"{name}_loaded_p50"] = p50
+        summary[f"{name}_loaded_p99"] = p99
+        summary[f"{name}_load_per_s"] = median([m["rate"] for m in loaded_runs])
+        summary[f"{name}_loaded_worker_cpu_share"] = median(
+            [m["worker_cpu_share"] for m in loaded_runs]
+        )
+        summary[f"{name}_loaded_longest_flush_ms"] = [
+            m["loaded_flushes"].get("max_ms") for m in loaded_runs
+        ]
+        ratio = median(
+            [
+                r["loaded"]["latency"]["p99_ms"] / r["peers_loaded"][name]["latency"]["p99_ms"]
+                for r in rounds
+            ]
+        )
+        summary[f"runlane_over_{name}_loaded_p99"] = ratio
+        table_rows.append(
+            [
+                f"{name}, ~50% load ({summary[f'{name}_load_per_s']:.0f} jobs/s,"
+                f" worker CPU {100 * summary[f'{name}_loaded_worker_cpu_share']:.0f}%)",
+                p50,
+                p99,
+                ratio,
+            ]
+        )
     summary["table"] = print_table(
-        ["submit -> handler start", "p50 ms", "p99 ms", "runlane p50 / this p50"], table_rows
+        ["submit -> handler start", "p50 ms", "p99 ms", "runlane / this (p50 idle, p99 loaded)"],
+        table_rows,
     )
     data = {
         "size": size,
@@ -327,6 +459,7 @@ def run(
         "load_rate": load_rate,
         "worker_src": worker_src,
         "load_tick_ms": load_tick_ms,
+        "peers_loaded": peers_loaded,
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
@@ -396,6 +529,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--idle-peers-only",
+        action="store_true",
+        help=(
+            "measure the peers idle only (by default those with a loader, the"
+            " queues and the pull floor, are measured at half their capacity too)"
+        ),
+    )
+    parser.add_argument(
         "--worker-src",
         default=None,
         help="another checkout's src/ for the runlane worker (a before/after at one load)",
@@ -413,6 +554,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         load_rate=args.load_rate,
         worker_src=args.worker_src,
         load_tick_ms=args.load_tick_ms,
+        peers_loaded=not args.idle_peers_only,
     )
 
 

@@ -40,7 +40,15 @@ from typing import Any
 
 import psycopg
 
-from bench.common import ROOT, Proc, completion_marks, count, spawn, system_variant
+from bench.common import (
+    ROOT,
+    Proc,
+    add_at_rate,
+    completion_marks,
+    count,
+    spawn,
+    system_variant,
+)
 
 NAME = "oban"
 # Where the throughput benchmark's start gate takes its lock.
@@ -136,6 +144,23 @@ def steady_window(url: str, low: float, high: float) -> tuple[float, float]:
     return completion_marks(url, completed_at, source, low, high)
 
 
+def completed(url: str) -> int:
+    """Jobs done so far (the wake-up figure's capacity under a loader)."""
+    return count(url, "SELECT count(*) FROM oban_jobs WHERE state = 'completed'")
+
+
+def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
+    """A process (under the oban interpreter) adding ``rate`` no-op jobs/s
+    through oban's own ``enqueue_many`` every ``tick_ms``, until stopped;
+    it says ready once connected."""
+    return spawn(
+        "bench.peers.oban_adapter",
+        ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)],
+        python=python(),
+        name="oban loader",
+    )
+
+
 def spawn_worker(url: str, concurrency: int, *, mode: str = "noop") -> Proc:
     return spawn(
         "bench.peers.oban_adapter",
@@ -211,6 +236,23 @@ async def _probe(url: str, n: int, gap: float) -> None:
         await pool.close()
 
 
+async def _load(url: str, rate: float, tick_ms: float) -> None:
+    from oban import Oban
+
+    noop = _worker_class()
+    pool = await Oban.create_pool(url, min_size=1, max_size=2)
+    try:
+        oban = Oban(pool=pool)
+
+        async def add(batch: int) -> None:
+            # No "t" in the args: the stamping worker times only the probes.
+            await oban.enqueue_many([noop.new({}) for _ in range(batch)])
+
+        await add_at_rate(rate, tick_ms, add)
+    finally:
+        await pool.close()
+
+
 async def _serve(url: str, concurrency: int, mode: str) -> None:
     from oban import Oban
 
@@ -240,18 +282,22 @@ WITHOUT_STATISTICS = system_variant(
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peers.oban_adapter")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("install", "enqueue", "serve", "probe"):
+    for name in ("install", "enqueue", "serve", "probe", "load"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--url", required=True)
         cmd.add_argument("--n", type=int, default=0)
         cmd.add_argument("--gap", type=float, default=0.02)
         cmd.add_argument("--concurrency", type=int, default=10)
         cmd.add_argument("--mode", choices=["noop", "stamp"], default="noop")
+        cmd.add_argument("--rate", type=float, default=0.0)
+        cmd.add_argument("--tick-ms", type=float, default=10.0)
     args = parser.parse_args()
     if args.command == "install":
         asyncio.run(_install(args.url))
     elif args.command == "enqueue":
         asyncio.run(_enqueue(args.url, args.n))
+    elif args.command == "load":
+        asyncio.run(_load(args.url, args.rate, args.tick_ms))
     elif args.command == "probe":
         asyncio.run(_probe(args.url, args.n, args.gap))
     else:

@@ -34,7 +34,15 @@ from typing import Any
 
 import psycopg
 
-from bench.common import AGENT, Proc, completion_marks, count, spawn, system_variant
+from bench.common import (
+    AGENT,
+    Proc,
+    add_at_rate,
+    completion_marks,
+    count,
+    spawn,
+    system_variant,
+)
 
 NAME = "pgqueuer"
 # Where the throughput benchmark's start gate takes its lock.
@@ -118,6 +126,33 @@ def done_count(url: str) -> int:
             "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def completed(url: str) -> int:
+    """Jobs done so far (the wake-up figure's capacity under a loader)."""
+    return done_count(url)
+
+
+def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
+    """A process adding ``rate`` no-op jobs/s through PGQueuer's own enqueue
+    (one statement a batch, whose trigger notifies its workers), every
+    ``tick_ms``, until stopped; it says ready once connected."""
+    return spawn(
+        "bench.peers.pgqueuer_adapter",
+        ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)],
+        name="pgqueuer loader",
+    )
+
+
+async def _load(url: str, rate: float, tick_ms: float) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        queries = await _queries(conn)
+
+        async def add(batch: int) -> None:
+            # No payload: the stamping worker times only the probes.
+            await queries.enqueue([AGENT] * batch, [None] * batch, [0] * batch)
+
+        await add_at_rate(rate, tick_ms, add)
 
 
 def spawn_worker(
@@ -241,8 +276,15 @@ def main() -> None:
     serve.add_argument("--concurrency", type=int, default=10)
     serve.add_argument("--mode", choices=["noop", "stamp"], default="noop")
     serve.add_argument("--driver", choices=["psycopg", "asyncpg"], default="psycopg")
+    loader = sub.add_parser("load")
+    loader.add_argument("--url", required=True)
+    loader.add_argument("--rate", type=float, required=True)
+    loader.add_argument("--tick-ms", type=float, default=10.0)
     args = parser.parse_args()
-    asyncio.run(_serve(args.url, args.concurrency, args.mode, args.driver))
+    if args.command == "load":
+        asyncio.run(_load(args.url, args.rate, args.tick_ms))
+    else:
+        asyncio.run(_serve(args.url, args.concurrency, args.mode, args.driver))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ It is a yardstick for figure 2 (``python -m bench wakeup --peers
 sql-floor``): the same probes, the same pause between them, the same
 machine; whatever part of the wake-up latency this floor already takes, no
 queue on this machine can go below. Not a system for the throughput figure
-(pgbench's claim + ack is that figure's bare-SQL yardstick).
+(pgbench's claim + ack is that figure's bare-SQL yardstick). Under the
+figure's load its loader inserts jobs without a time in batches, one
+statement and one NOTIFY a batch, and only the probes are timed.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Proc, count, spawn
+from bench.common import Proc, add_at_rate, count, spawn
 
 NAME = "sql-floor"
 CHANNEL = "sql_floor_wakeup"
@@ -55,6 +57,13 @@ WHERE id IN (SELECT id FROM sql_floor_jobs WHERE NOT claimed ORDER BY id
 RETURNING id, submitted_at
 """
 ACK = "DELETE FROM sql_floor_jobs WHERE id = ANY(%s)"
+# The loaded phase's jobs: submitted_at 0 (no probe's time), one NOTIFY a batch.
+LOAD = f"""
+WITH jobs AS (
+    INSERT INTO sql_floor_jobs (submitted_at) SELECT 0 FROM generate_series(1, %s) RETURNING id
+)
+SELECT pg_notify('{CHANNEL}', '') FROM (SELECT count(*) FROM jobs) AS added
+"""
 
 
 def available() -> str | None:
@@ -74,6 +83,40 @@ def reset(url: str) -> None:
 
 def remaining(url: str) -> int:
     return count(url, "SELECT count(*) FROM sql_floor_jobs")
+
+
+def completed(url: str) -> int:
+    """Jobs claimed so far: every job ever inserted (the id sequence, which
+    a reset does not restart) less those still in the table, as each claim
+    deletes what it took."""
+    return count(
+        url,
+        """
+        SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
+                FROM sql_floor_jobs_id_seq)
+               - (SELECT count(*) FROM sql_floor_jobs)
+        """,
+    )
+
+
+def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
+    """A process adding ``rate`` jobs/s, a batch and its NOTIFY in one
+    statement every ``tick_ms``, until stopped; it says ready once
+    connected."""
+    return spawn(
+        "bench.peers.sql_floor",
+        ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)],
+        name="sql-floor loader",
+    )
+
+
+async def _load(url: str, rate: float, tick_ms: float) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+
+        async def add(batch: int) -> None:
+            await conn.execute(LOAD, (batch,), prepare=True)
+
+        await add_at_rate(rate, tick_ms, add)
 
 
 def spawn_worker(url: str, concurrency: int, *, mode: str = "stamp") -> Proc:
@@ -126,7 +169,8 @@ async def _serve(url: str, concurrency: int) -> None:
             rows: list[Any] = await cur.fetchall()
             started = time.time()
             if rows:
-                latencies.extend(started - submitted for _, submitted in rows)
+                # The loaded phase's jobs carry no time (0): only probes count.
+                latencies.extend(started - submitted for _, submitted in rows if submitted > 0)
                 await claimer.execute(ACK, ([job_id for job_id, _ in rows],), prepare=True)
                 continue  # more may be waiting
             waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -146,14 +190,22 @@ async def _serve(url: str, concurrency: int) -> None:
 
 
 def serve_command(prog: str, serve: Callable[[str, int], Coroutine[Any, Any, None]]) -> None:
-    """``prog serve --url URL --concurrency N``: a floor's worker process."""
+    """``prog serve --url URL --concurrency N``: a floor's worker process;
+    ``prog load --url URL --rate R``: the loaded phase's loader."""
     parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
     serving = sub.add_parser("serve")
     serving.add_argument("--url", required=True)
     serving.add_argument("--concurrency", type=int, default=10)
+    loading = sub.add_parser("load")
+    loading.add_argument("--url", required=True)
+    loading.add_argument("--rate", type=float, required=True)
+    loading.add_argument("--tick-ms", type=float, default=10.0)
     args = parser.parse_args()
-    asyncio.run(serve(args.url, args.concurrency))
+    if args.command == "load":
+        asyncio.run(_load(args.url, args.rate, args.tick_ms))
+    else:
+        asyncio.run(serve(args.url, args.concurrency))
 
 
 def main() -> None:

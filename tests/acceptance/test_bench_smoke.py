@@ -131,6 +131,17 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert flushes["max_ms"] >= flushes["p50_ms"] >= 0
         assert flushes["stall_ms"] == flush_stalls.STALL_MS
         assert data["summary"]["loaded_longest_flush_ms"] == [flushes["max_ms"]]
+        # The pull floor is loaded as runlane is, at half the rate its own
+        # worker sustained under its own loader; every probe is timed beside
+        # the load (the load's jobs carry no time), with the disk watched.
+        floor = first["peers_loaded"]["sql-floor"]
+        assert floor["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+        assert floor["capacity"] > 0 and floor["rate"] == floor["capacity"] / 2
+        assert floor["worker_cpu_share"] > 0
+        assert floor["loaded_flushes"]["flushes"] > 0
+        assert data["summary"]["sql-floor_loaded_p99"] == floor["latency"]["p99_ms"]
+        # The push floor has no loader: measured idle only.
+        assert "sql-push-floor" not in first["peers_loaded"]
 
 
 def test_flush_stalls_stopped_by_ctrl_c_smoke(tmp_path: Path) -> None:
@@ -153,16 +164,21 @@ def test_flush_stalls_stopped_by_ctrl_c_smoke(tmp_path: Path) -> None:
 
 def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_path: Path) -> None:
     # --load-rate, --load-tick-ms and --worker-src (here this checkout's
-    # own src) reach the loaded phase and are stored.
+    # own src) reach the loaded phase and are stored;
+    # --idle-peers-only: the peers idle, none loaded.
     data = wakeup.run(
         "tiny",
         1,
-        peers=[],
+        peers=["sql-floor"],
         out_dir=tmp_path,
         load_rate=150.0,
         load_tick_ms=2.0,
         worker_src=str(ROOT / "src"),
+        peers_loaded=False,
     )
+    assert data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]["n"] > 0
+    assert data["rounds"][0]["peers_loaded"] == {}
+    assert "sql-floor_loaded_p99" not in data["summary"]
     assert data["summary"]["load_per_s"] == 150.0
     assert data["load_tick_ms"] == 2.0
     assert data["worker_src"] == str(ROOT / "src")
