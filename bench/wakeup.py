@@ -22,7 +22,9 @@ so a round's tail can be the disk's rather than the queue's.
 
 The peers (PGQueuer, oban) are measured the same way, idle and under
 half the rate their own worker sustains (each its own loader, through its
-own enqueue; ``--idle-peers-only`` leaves that out), and so is
+own enqueue; ``--idle-peers-only`` leaves that out), each loaded peer
+followed by runlane again at that peer's rate (half of runlane's capacity
+is not the same load as half of a peer's), and so is
 ``sql-floor`` (bench.peers.sql_floor): the same probes through bare SQL,
 one INSERT with its NOTIFY and one claiming UPDATE, both committed, with
 nothing else on the path: the lowest wake-up any PostgreSQL queue can have
@@ -271,6 +273,34 @@ def peer_loaded_phase(
     }
 
 
+def loaded_phase(
+    url: str, worker: Proc, rate: float, n: int, gap: float, via: str, load_tick_ms: float
+) -> dict[str, Any]:
+    """runlane's probes beside its loader adding ``rate`` runs/s: the
+    probes' figures, the worker's CPU share meanwhile, the backlog left at
+    the end and the disk's flushes beneath it (a stall holds every commit,
+    and the tail with it). The worker finishes the load before it
+    returns."""
+    loader = spawn_loader(url, rate, tick_ms=load_tick_ms)
+    with running([loader]):
+        loader.wait_ready()
+        time.sleep(1.0)  # reach a steady state
+        with flush_stalls.watching() as flushes:
+            cpu_before, at = worker.cpu_seconds(), time.monotonic()
+            measured = phase(url, n, gap, via)
+            worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
+        backlog = runlane_system.remaining(url)
+    # Let the worker finish the load before the tables are reset.
+    wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
+    return {
+        **measured,
+        "rate": rate,
+        "worker_cpu_share": worker_busy,
+        "backlog_at_end": backlog,
+        "loaded_flushes": flushes,
+    }
+
+
 def phase(url: str, n: int, gap: float, via: str = "runs") -> dict[str, Any]:
     submit_seconds = asyncio.run(submit_probes(url, n, gap, via))
     wait_for(lambda: pending_probes(url) == 0, timeout=60, what="probes")
@@ -318,26 +348,19 @@ def run(
                 # Half the capacity, or a rate given (the same load for two
                 # workers of different capacities).
                 rate = load_rate if load_rate else cap / 2
-                loader = spawn_loader(url, rate, tick_ms=load_tick_ms)
-                with running([loader]):
-                    loader.wait_ready()
-                    time.sleep(1.0)  # reach a steady state
-                    # Whether the disk's flush stalled beneath the phase: a
-                    # stall holds every commit, and the tail with it.
-                    with flush_stalls.watching() as flushes:
-                        cpu_before, at = worker.cpu_seconds(), time.monotonic()
-                        loaded = phase(url, cfg["n"], gap, via)
-                        worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
-                    backlog = runlane_system.remaining(url)
-                # Let the worker finish the load before the tables are reset.
-                wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
+                loaded = loaded_phase(url, worker, rate, cfg["n"], gap, via, load_tick_ms)
+                flushes = loaded.pop("loaded_flushes")
+                worker_busy = loaded.pop("worker_cpu_share")
+                backlog = loaded.pop("backlog_at_end")
                 peer_loaded: dict[str, Any] = {}
+                at_peer_rate: dict[str, Any] = {}
                 rounds.append(
                     {
                         "round": rnd,
                         "idle": idle,
                         "peers_idle": peer_idle,
                         "peers_loaded": peer_loaded,
+                        "runlane_at_peer_rate": at_peer_rate,
                         "loaded": loaded,
                         "capacity": cap,
                         "burn_down_capacity": burn_down,
@@ -379,6 +402,21 @@ def run(
                         f" {measured['backlog_at_end']}, worker CPU"
                         f" {100 * measured['worker_cpu_share']:.0f}%; longest 8 kB flush"
                         f" {measured['loaded_flushes'].get('max_ms')} ms)",
+                        flush=True,
+                    )
+                    # runlane at the same rate, in the same round: the
+                    # comparison at one load, where "half the capacity" is
+                    # a different rate for each system.
+                    runlane_system.reset(url)
+                    at_peer_rate[system.NAME] = same = loaded_phase(
+                        url, worker, measured["rate"], cfg["n"], gap, via, load_tick_ms
+                    )
+                    print(
+                        f"round {rnd}: runlane at {system.NAME}'s {measured['rate']:.0f}/s p50"
+                        f" {same['latency']['p50_ms']:.2f} ms p99"
+                        f" {same['latency']['p99_ms']:.2f} ms (worker CPU"
+                        f" {100 * same['worker_cpu_share']:.0f}%; longest 8 kB flush"
+                        f" {same['loaded_flushes'].get('max_ms')} ms)",
                         flush=True,
                     )
     summary: dict[str, Any] = {
@@ -439,6 +477,19 @@ def run(
             ]
         )
         summary[f"runlane_over_{name}_loaded_p99"] = ratio
+        same_rate = [r["runlane_at_peer_rate"][name] for r in rounds]
+        same_p50 = median([m["latency"]["p50_ms"] for m in same_rate])
+        same_p99 = median([m["latency"]["p99_ms"] for m in same_rate])
+        summary[f"runlane_at_{name}_rate_p50"] = same_p50
+        summary[f"runlane_at_{name}_rate_p99"] = same_p99
+        same_ratio = median(
+            [
+                r["runlane_at_peer_rate"][name]["latency"]["p99_ms"]
+                / r["peers_loaded"][name]["latency"]["p99_ms"]
+                for r in rounds
+            ]
+        )
+        summary[f"runlane_at_{name}_rate_over_{name}_p99"] = same_ratio
         table_rows.append(
             [
                 f"{name}, ~50% load ({summary[f'{name}_load_per_s']:.0f} jobs/s,"
@@ -447,6 +498,9 @@ def run(
                 p99,
                 ratio,
             ]
+        )
+        table_rows.append(
+            [f"runlane at {name}'s load, the same rounds", same_p50, same_p99, same_ratio]
         )
     summary["table"] = print_table(
         ["submit -> handler start", "p50 ms", "p99 ms", "runlane / this (p50 idle, p99 loaded)"],

@@ -140,6 +140,11 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert floor["worker_cpu_share"] > 0
         assert floor["loaded_flushes"]["flushes"] > 0
         assert data["summary"]["sql-floor_loaded_p99"] == floor["latency"]["p99_ms"]
+        # runlane again at the floor's rate, in the same round.
+        same = first["runlane_at_peer_rate"]["sql-floor"]
+        assert same["rate"] == floor["rate"]
+        assert same["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+        assert data["summary"]["runlane_at_sql-floor_rate_p99"] == same["latency"]["p99_ms"]
         # The push floor has no loader: measured idle only.
         assert "sql-push-floor" not in first["peers_loaded"]
 
