@@ -502,9 +502,11 @@ def plot(
     xlabel: str,
     ylabel: str,
     logx: bool = False,
+    lines: bool = True,
     out_dir: Path | None = None,
 ) -> Path | None:
-    """A line plot to bench/plots/NAME.png; None when matplotlib is missing."""
+    """A line plot to bench/plots/NAME.png (``lines=False``: the points
+    alone); None when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -516,7 +518,7 @@ def plot(
     folder.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), marker="o", label=label)
+        ax.plot(list(xs), list(ys), marker="o", linestyle="-" if lines else "", label=label)
     if logx:
         ax.set_xscale("symlog", linthresh=10_000)
     ax.set_ylim(bottom=0)

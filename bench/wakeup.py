@@ -44,6 +44,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ from bench.common import (
     count,
     latency_summary,
     median,
+    plot,
     print_table,
     running,
     spawn,
@@ -520,7 +522,41 @@ def run(
         "summary": summary,
     }
     write_results("wakeup" if via == "runs" else "wakeup_lanes", data, out_dir=out_dir)
+    if peers_loaded and rounds[0]["peers_loaded"]:
+        plot_loaded(data, out_dir=out_dir)
     return data
+
+
+def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequence[float]]]:
+    """Every loaded phase of a wake-up result as (rate, p99) points by
+    system, each system's sorted by rate: runlane's at its own half
+    capacity and at each peer's rate, each peer's at its own half."""
+    points: dict[str, list[tuple[float, float]]] = {"runlane": []}
+    for r in data["rounds"]:
+        points["runlane"].append((r["rate"], r["loaded"]["latency"]["p99_ms"]))
+        for name, measured in r["peers_loaded"].items():
+            points.setdefault(name, []).append((measured["rate"], measured["latency"]["p99_ms"]))
+            same = r["runlane_at_peer_rate"][name]
+            points["runlane"].append((same["rate"], same["latency"]["p99_ms"]))
+    return {
+        name: ([rate for rate, _ in sorted(pairs)], [p99 for _, p99 in sorted(pairs)])
+        for name, pairs in points.items()
+    }
+
+
+def plot_loaded(data: dict[str, Any], *, out_dir: Path | None = None) -> Path | None:
+    """The loaded wake-up's p99 against the load, every phase of every
+    round (``wakeup_loaded.png``): where each system's half capacity lies,
+    and runlane at the same loads."""
+    return plot(
+        "wakeup_loaded",
+        loaded_points(data),
+        title="Wake-up p99 under load (each phase of each round)",
+        xlabel="load, jobs/s",
+        ylabel="submit -> handler start p99, ms",
+        lines=False,
+        out_dir=out_dir,
+    )
 
 
 # -- the loader process -------------------------------------------------------------

@@ -145,6 +145,13 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert same["rate"] == floor["rate"]
         assert same["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
         assert data["summary"]["runlane_at_sql-floor_rate_p99"] == same["latency"]["p99_ms"]
+        # Each loaded phase is a point of the plot: runlane's own and at each
+        # loaded peer's rate (the floor's among them), each peer's.
+        points = wakeup.loaded_points(data)
+        assert len(points["runlane"][0]) == 1 + len(first["peers_loaded"])
+        assert {first["rate"], same["rate"]} <= set(points["runlane"][0])
+        assert points["sql-floor"] == ([floor["rate"]], [floor["latency"]["p99_ms"]])
+        assert (tmp_path / "wakeup_loaded_sync_off.png").exists()
         # The push floor has no loader: measured idle only.
         assert "sql-push-floor" not in first["peers_loaded"]
 
