@@ -321,6 +321,7 @@ def run(
     worker_src: str | None = None,
     load_tick_ms: float = 10.0,
     peers_loaded: bool = True,
+    sweep_rates: Sequence[float] = (),
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
@@ -356,6 +357,7 @@ def run(
                 backlog = loaded.pop("backlog_at_end")
                 peer_loaded: dict[str, Any] = {}
                 at_peer_rate: dict[str, Any] = {}
+                sweep: list[dict[str, Any]] = []
                 rounds.append(
                     {
                         "round": rnd,
@@ -363,6 +365,7 @@ def run(
                         "peers_idle": peer_idle,
                         "peers_loaded": peer_loaded,
                         "runlane_at_peer_rate": at_peer_rate,
+                        "runlane_sweep": sweep,
                         "loaded": loaded,
                         "capacity": cap,
                         "burn_down_capacity": burn_down,
@@ -382,6 +385,19 @@ def run(
                     f" {flushes.get('max_ms')} ms)",
                     flush=True,
                 )
+                # runlane at each rate asked for: its p99 against the load.
+                for swept in sweep_rates:
+                    runlane_system.reset(url)
+                    sweep.append(
+                        at := loaded_phase(url, worker, swept, cfg["n"], gap, via, load_tick_ms)
+                    )
+                    print(
+                        f"round {rnd}: runlane at {swept:.0f}/s p50"
+                        f" {at['latency']['p50_ms']:.2f} ms p99 {at['latency']['p99_ms']:.2f} ms"
+                        f" (worker CPU {100 * at['worker_cpu_share']:.0f}%; longest 8 kB flush"
+                        f" {at['loaded_flushes'].get('max_ms')} ms)",
+                        flush=True,
+                    )
                 # The peers at half their own capacity, after runlane's load.
                 for system in peer_systems:
                     if not peers_loaded or not hasattr(system, "spawn_loader"):
@@ -504,6 +520,12 @@ def run(
         table_rows.append(
             [f"runlane at {name}'s load, the same rounds", same_p50, same_p99, same_ratio]
         )
+    for i, swept in enumerate(sweep_rates):
+        at_rate = [r["runlane_sweep"][i] for r in rounds]
+        p50 = median([m["latency"]["p50_ms"] for m in at_rate])
+        p99 = median([m["latency"]["p99_ms"] for m in at_rate])
+        summary.setdefault("sweep", []).append({"rate": swept, "p50_ms": p50, "p99_ms": p99})
+        table_rows.append([f"runlane at {swept:.0f} runs/s", p50, p99, ""])
     summary["table"] = print_table(
         ["submit -> handler start", "p50 ms", "p99 ms", "runlane / this (p50 idle, p99 loaded)"],
         table_rows,
@@ -516,13 +538,14 @@ def run(
         "worker_src": worker_src,
         "load_tick_ms": load_tick_ms,
         "peers_loaded": peers_loaded,
+        "sweep_rates": list(sweep_rates),
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
         "summary": summary,
     }
     write_results("wakeup" if via == "runs" else "wakeup_lanes", data, out_dir=out_dir)
-    if peers_loaded and rounds[0]["peers_loaded"]:
+    if rounds[0]["peers_loaded"] or sweep_rates:
         plot_loaded(data, out_dir=out_dir)
     return data
 
@@ -530,7 +553,8 @@ def run(
 def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequence[float]]]:
     """Every loaded phase of a wake-up result as (rate, p99) points by
     system, each system's sorted by rate: runlane's at its own half
-    capacity and at each peer's rate, each peer's at its own half."""
+    capacity, at each peer's rate and at each rate swept, each peer's at
+    its own half."""
     points: dict[str, list[tuple[float, float]]] = {"runlane": []}
     for r in data["rounds"]:
         points["runlane"].append((r["rate"], r["loaded"]["latency"]["p99_ms"]))
@@ -538,6 +562,8 @@ def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequ
             points.setdefault(name, []).append((measured["rate"], measured["latency"]["p99_ms"]))
             same = r["runlane_at_peer_rate"][name]
             points["runlane"].append((same["rate"], same["latency"]["p99_ms"]))
+        for swept in r.get("runlane_sweep", []):
+            points["runlane"].append((swept["rate"], swept["latency"]["p99_ms"]))
     return {
         name: ([rate for rate, _ in sorted(pairs)], [p99 for _, p99 in sorted(pairs)])
         for name, pairs in points.items()
@@ -619,6 +645,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--sweep-rates",
+        default="",
+        help=(
+            "runlane's loaded phase again at each of these runs/s (comma-separated),"
+            " in every round: its p99 against the load"
+        ),
+    )
+    parser.add_argument(
         "--idle-peers-only",
         action="store_true",
         help=(
@@ -645,6 +679,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         worker_src=args.worker_src,
         load_tick_ms=args.load_tick_ms,
         peers_loaded=not args.idle_peers_only,
+        sweep_rates=[float(rate) for rate in args.sweep_rates.split(",") if rate.strip()],
     )
 
 

@@ -187,7 +187,16 @@ def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_pa
         load_tick_ms=2.0,
         worker_src=str(ROOT / "src"),
         peers_loaded=False,
+        sweep_rates=[100.0, 300.0],
     )
+    # --sweep-rates: runlane loaded again at each rate, every probe timed,
+    # each phase a point of the plot.
+    swept = data["rounds"][0]["runlane_sweep"]
+    assert [phase["rate"] for phase in swept] == [100.0, 300.0]
+    assert all(phase["latency"]["n"] == wakeup.SIZES["tiny"]["n"] for phase in swept)
+    assert [row["rate"] for row in data["summary"]["sweep"]] == [100.0, 300.0]
+    assert sorted(wakeup.loaded_points(data)["runlane"][0]) == [100.0, 150.0, 300.0]
+    assert (tmp_path / "wakeup_loaded_sync_off.png").exists()
     assert data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]["n"] > 0
     assert data["rounds"][0]["peers_loaded"] == {}
     assert "sql-floor_loaded_p99" not in data["summary"]
