@@ -344,6 +344,15 @@ def wait_for(condition: Any, *, timeout: float, interval: float = 0.05, what: st
         time.sleep(interval)
 
 
+def spawn_loader_process(
+    module: str, url: str, rate: float, tick_ms: float, *, name: str, python: str | None = None
+) -> Proc:
+    """``python -m module load --url URL --rate R --tick-ms T``: a system's
+    loader process (its ``load`` command runs ``add_at_rate``)."""
+    args = ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)]
+    return spawn(module, args, python=python, name=name)
+
+
 async def add_at_rate(rate: float, tick_ms: float, add: Callable[[int], Awaitable[None]]) -> None:
     """A loader's loop, until the process is stopped: every ``tick_ms`` it
     calls ``add(batch)`` with what is due by the clock since the start, so a

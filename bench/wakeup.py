@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,25 +205,37 @@ def wakeup_systems(names: list[str]) -> tuple[list[Any], dict[str, str]]:
     return chosen + floors, skipped
 
 
+@contextlib.contextmanager
+def stamping_peer(
+    system: Any, url: str, listen_wait: float
+) -> Iterator[tuple[Proc, dict[str, Any]]]:
+    """A peer's stamping worker (concurrency 10) on emptied tables, listening;
+    at exit it is stopped, and the dict yielded holds what it reported: the
+    probes' start - submit in ``latencies``, and anything else it counted
+    (sql-push-floor: its pushed jobs)."""
+    system.setup(url)
+    system.reset(url)
+    worker = system.spawn_worker(url, 10, mode="stamp")
+    reported: dict[str, Any] = {}
+    try:
+        worker.wait_ready()
+        time.sleep(listen_wait)  # let it LISTEN before the first job
+        yield worker, reported
+    finally:
+        out = worker.stop_and_read()
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        reported.update(json.loads(lines[-1]) if lines else {})
+
+
 def peer_phase(
     system: Any, url: str, n: int, gap: float, *, listen_wait: float = 2.0
 ) -> dict[str, Any]:
     """The same idle wake-up figure for a peer queue: its worker (concurrency
     10) records start - submit in the handler and prints them at exit."""
-    system.setup(url)
-    system.reset(url)
-    worker = system.spawn_worker(url, 10, mode="stamp")
-    try:
-        worker.wait_ready()
-        time.sleep(listen_wait)  # let it LISTEN before the first probe
+    with stamping_peer(system, url, listen_wait) as (_, reported):
         system.probe(url, n, gap)
         wait_for(lambda: system.remaining(url) == 0, timeout=60, what=f"{system.NAME} probes")
-    finally:
-        out = worker.stop_and_read()
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    reported = json.loads(lines[-1]) if lines else {}
     latencies = reported.pop("latencies", [])
-    # Anything else the worker counted (sql-push-floor: its pushed jobs).
     return {"latency": latency_summary(latencies), **reported}
 
 
@@ -240,12 +253,7 @@ def peer_loaded_phase(
     """The loaded wake-up figure for a peer queue, as runlane's: its worker
     (concurrency 10) under its own loader at half the rate it sustains,
     the probes one at a time beside the load, the disk's flushes watched."""
-    system.setup(url)
-    system.reset(url)
-    worker = system.spawn_worker(url, 10, mode="stamp")
-    try:
-        worker.wait_ready()
-        time.sleep(listen_wait)  # let it LISTEN before the first job
+    with stamping_peer(system, url, listen_wait) as (worker, reported):
         cap = peer_capacity(system, url, first_offer, window)
         system.reset(url)
         rate = cap / 2
@@ -259,10 +267,6 @@ def peer_loaded_phase(
                 worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
             backlog = system.remaining(url)
         wait_for(lambda: system.remaining(url) == 0, timeout=120, what=f"{system.NAME} load")
-    finally:
-        out = worker.stop_and_read()
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    reported = json.loads(lines[-1]) if lines else {}
     latencies = reported.pop("latencies", [])
     return {
         "latency": latency_summary(latencies),

@@ -47,6 +47,7 @@ from bench.common import (
     completion_marks,
     count,
     spawn,
+    spawn_loader_process,
     system_variant,
 )
 
@@ -153,11 +154,8 @@ def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
     """A process (under the oban interpreter) adding ``rate`` no-op jobs/s
     through oban's own ``enqueue_many`` every ``tick_ms``, until stopped;
     it says ready once connected."""
-    return spawn(
-        "bench.peers.oban_adapter",
-        ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)],
-        python=python(),
-        name="oban loader",
+    return spawn_loader_process(
+        "bench.peers.oban_adapter", url, rate, tick_ms, name="oban loader", python=python()
     )
 
 

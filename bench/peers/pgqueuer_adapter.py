@@ -41,6 +41,7 @@ from bench.common import (
     completion_marks,
     count,
     spawn,
+    spawn_loader_process,
     system_variant,
 )
 
@@ -137,10 +138,8 @@ def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
     """A process adding ``rate`` no-op jobs/s through PGQueuer's own enqueue
     (one statement a batch, whose trigger notifies its workers), every
     ``tick_ms``, until stopped; it says ready once connected."""
-    return spawn(
-        "bench.peers.pgqueuer_adapter",
-        ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)],
-        name="pgqueuer loader",
+    return spawn_loader_process(
+        "bench.peers.pgqueuer_adapter", url, rate, tick_ms, name="pgqueuer loader"
     )
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Proc, add_at_rate, count, spawn
+from bench.common import Proc, add_at_rate, count, spawn, spawn_loader_process
 
 NAME = "sql-floor"
 CHANNEL = "sql_floor_wakeup"
@@ -103,10 +103,8 @@ def spawn_loader(url: str, rate: float, *, tick_ms: float = 10.0) -> Proc:
     """A process adding ``rate`` jobs/s, a batch and its NOTIFY in one
     statement every ``tick_ms``, until stopped; it says ready once
     connected."""
-    return spawn(
-        "bench.peers.sql_floor",
-        ["load", "--url", url, "--rate", str(rate), "--tick-ms", str(tick_ms)],
-        name="sql-floor loader",
+    return spawn_loader_process(
+        "bench.peers.sql_floor", url, rate, tick_ms, name="sql-floor loader"
     )
 
 
