@@ -45,9 +45,9 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -67,6 +67,8 @@ from bench.common import (
     wait_for,
     write_results,
 )
+
+T = TypeVar("T")
 
 # The bare-SQL floors (bench.peers.sql_floor, sql_push_floor) are measured in
 # every round by default: how far any queue on this machine is from the
@@ -258,53 +260,69 @@ def peer_loaded_phase(
         system.reset(url)
         rate = cap / 2
         loader = system.spawn_loader(url, rate, tick_ms=load_tick_ms)
-        with running([loader]):
-            loader.wait_ready()
-            time.sleep(1.0)  # reach a steady state
-            with flush_stalls.watching() as flushes:
-                cpu_before, at = worker.cpu_seconds(), time.monotonic()
-                system.probe(url, n, gap)
-                worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
-            backlog = system.remaining(url)
-        wait_for(lambda: system.remaining(url) == 0, timeout=120, what=f"{system.NAME} load")
+        _, beside = probed_under_load(
+            loader,
+            worker,
+            lambda: system.probe(url, n, gap),
+            lambda: system.remaining(url),
+            timeout=120,
+            what=f"{system.NAME} load",
+        )
     latencies = reported.pop("latencies", [])
     return {
         "latency": latency_summary(latencies),
         "capacity": cap,
         "rate": rate,
+        **beside,
+        **reported,
+    }
+
+
+def probed_under_load(
+    loader: Proc,
+    worker: Proc,
+    probe: Callable[[], T],
+    remaining: Callable[[], int],
+    *,
+    timeout: float,
+    what: str,
+) -> tuple[T, dict[str, Any]]:
+    """``probe()`` while ``loader`` runs, after a second to reach a steady
+    state: what it returns, and beside it the worker's CPU share
+    meanwhile, the backlog left at the end and the disk's flushes beneath
+    it (a stall holds every commit, and the tail with it). The loader is
+    stopped and the worker finishes the load before it returns."""
+    with running([loader]):
+        loader.wait_ready()
+        time.sleep(1.0)  # reach a steady state
+        with flush_stalls.watching() as flushes:
+            cpu_before, at = worker.cpu_seconds(), time.monotonic()
+            measured = probe()
+            worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
+        backlog = remaining()
+    # Let the worker finish the load before the tables are reset.
+    wait_for(lambda: remaining() == 0, timeout=timeout, what=what)
+    return measured, {
         "worker_cpu_share": worker_busy,
         "backlog_at_end": backlog,
         "loaded_flushes": flushes,
-        **reported,
     }
 
 
 def loaded_phase(
     url: str, worker: Proc, rate: float, n: int, gap: float, via: str, load_tick_ms: float
 ) -> dict[str, Any]:
-    """runlane's probes beside its loader adding ``rate`` runs/s: the
-    probes' figures, the worker's CPU share meanwhile, the backlog left at
-    the end and the disk's flushes beneath it (a stall holds every commit,
-    and the tail with it). The worker finishes the load before it
-    returns."""
-    loader = spawn_loader(url, rate, tick_ms=load_tick_ms)
-    with running([loader]):
-        loader.wait_ready()
-        time.sleep(1.0)  # reach a steady state
-        with flush_stalls.watching() as flushes:
-            cpu_before, at = worker.cpu_seconds(), time.monotonic()
-            measured = phase(url, n, gap, via)
-            worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
-        backlog = runlane_system.remaining(url)
-    # Let the worker finish the load before the tables are reset.
-    wait_for(lambda: runlane_system.remaining(url) == 0, timeout=60, what="load")
-    return {
-        **measured,
-        "rate": rate,
-        "worker_cpu_share": worker_busy,
-        "backlog_at_end": backlog,
-        "loaded_flushes": flushes,
-    }
+    """runlane's probes beside its loader adding ``rate`` runs/s (see
+    probed_under_load)."""
+    measured, beside = probed_under_load(
+        spawn_loader(url, rate, tick_ms=load_tick_ms),
+        worker,
+        lambda: phase(url, n, gap, via),
+        lambda: runlane_system.remaining(url),
+        timeout=60,
+        what="load",
+    )
+    return {**measured, "rate": rate, **beside}
 
 
 def phase(url: str, n: int, gap: float, via: str = "runs") -> dict[str, Any]:
