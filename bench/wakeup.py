@@ -46,6 +46,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -262,7 +263,7 @@ def peer_loaded_phase(
         loader = system.spawn_loader(url, rate, tick_ms=load_tick_ms)
         _, beside = probed_under_load(
             loader,
-            worker,
+            [worker],
             lambda: system.probe(url, n, gap),
             lambda: system.remaining(url),
             timeout=120,
@@ -280,7 +281,7 @@ def peer_loaded_phase(
 
 def probed_under_load(
     loader: Proc,
-    worker: Proc,
+    workers: Sequence[Proc],
     probe: Callable[[], T],
     remaining: Callable[[], int],
     *,
@@ -288,17 +289,18 @@ def probed_under_load(
     what: str,
 ) -> tuple[T, dict[str, Any]]:
     """``probe()`` while ``loader`` runs, after a second to reach a steady
-    state: what it returns, and beside it the worker's CPU share
-    meanwhile, the backlog left at the end and the disk's flushes beneath
-    it (a stall holds every commit, and the tail with it). The loader is
-    stopped and the worker finishes the load before it returns."""
+    state: what it returns, and beside it the workers' CPU share
+    meanwhile (summed over their processes), the backlog left at the end
+    and the disk's flushes beneath it (a stall holds every commit, and the
+    tail with it). The loader is stopped and the workers finish the load
+    before it returns."""
     with running([loader]):
         loader.wait_ready()
         time.sleep(1.0)  # reach a steady state
         with flush_stalls.watching() as flushes:
-            cpu_before, at = worker.cpu_seconds(), time.monotonic()
+            cpu_before, at = cpu_seconds(workers), time.monotonic()
             measured = probe()
-            worker_busy = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - at)
+            worker_busy = (cpu_seconds(workers) - cpu_before) / (time.monotonic() - at)
         backlog = remaining()
     # Let the worker finish the load before the tables are reset.
     wait_for(lambda: remaining() == 0, timeout=timeout, what=what)
@@ -309,20 +311,106 @@ def probed_under_load(
     }
 
 
+def cpu_seconds(procs: Sequence[Proc]) -> float:
+    return sum(proc.cpu_seconds() for proc in procs)
+
+
 def loaded_phase(
-    url: str, worker: Proc, rate: float, n: int, gap: float, via: str, load_tick_ms: float
+    url: str,
+    workers: Sequence[Proc],
+    rate: float,
+    n: int,
+    gap: float,
+    via: str,
+    load_tick_ms: float,
 ) -> dict[str, Any]:
     """runlane's probes beside its loader adding ``rate`` runs/s (see
     probed_under_load)."""
     measured, beside = probed_under_load(
         spawn_loader(url, rate, tick_ms=load_tick_ms),
-        worker,
+        workers,
         lambda: phase(url, n, gap, via),
         lambda: runlane_system.remaining(url),
         timeout=60,
         what="load",
     )
     return {**measured, "rate": rate, **beside}
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """runlane's workers for a figure: ``procs`` processes of concurrency
+    ``concurrency`` each, named as ``--other-workers`` spells it."""
+
+    procs: int
+    concurrency: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.procs}x{self.concurrency}"
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerSetup:
+        procs, sep, concurrency = text.strip().partition("x")
+        if not sep or not procs.isdigit() or not concurrency.isdigit():
+            raise ValueError(f"worker set-up {text!r}: expected PROCSxCONCURRENCY, e.g. 2x10")
+        setup = cls(int(procs), int(concurrency))
+        if setup.procs < 1 or setup.concurrency < 1:
+            raise ValueError(f"worker set-up {text!r}: processes and concurrency must be >= 1")
+        return setup
+
+
+def worker_setups(text: str) -> list[WorkerSetup]:
+    """``--other-workers``' value: comma-separated set-ups, e.g. ``2x10,1x50``."""
+    try:
+        return [WorkerSetup.parse(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+# The set-up every figure of this benchmark has used since the first
+# session, and the peers' (concurrency 10).
+MAIN_WORKERS = WorkerSetup(1, 10)
+
+
+@contextlib.contextmanager
+def runlane_workers(
+    url: str, setup: WorkerSetup, *, src: str | None, listen_wait: float
+) -> Iterator[list[Proc]]:
+    """runlane's stamping workers of ``setup``, serving and listening."""
+    workers = [
+        runlane_system.spawn_worker(url, setup.concurrency, mode="stamp", src=src)
+        for _ in range(setup.procs)
+    ]
+    with running(workers):
+        for worker in workers:
+            worker.wait_ready()
+        time.sleep(listen_wait)  # let them LISTEN before the first run
+        yield workers
+
+
+def setup_phases(
+    url: str,
+    workers: Sequence[Proc],
+    cfg: dict[str, Any],
+    *,
+    via: str,
+    load_tick_ms: float,
+    sweep_rates: Sequence[float],
+) -> dict[str, Any]:
+    """Another worker set-up under load: the rate its workers sustain
+    (measured as the main set-up's), its probes at half that, and at each
+    swept rate, the same rates as the main set-up's sweep."""
+    gap = cfg["gap_ms"] / 1000
+    burn_down = capacity(url, cfg["capacity_n"])
+    cap = sustained_capacity(url, 1.5 * burn_down, cfg["window_s"])
+    runlane_system.reset(url)
+    loaded = loaded_phase(url, workers, cap / 2, cfg["n"], gap, via, load_tick_ms)
+    sweep = []
+    for swept in sweep_rates:
+        runlane_system.reset(url)
+        sweep.append(loaded_phase(url, workers, swept, cfg["n"], gap, via, load_tick_ms))
+    return {"capacity": cap, "burn_down_capacity": burn_down, "loaded": loaded, "sweep": sweep}
 
 
 def phase(url: str, n: int, gap: float, via: str = "runs") -> dict[str, Any]:
@@ -344,16 +432,17 @@ def run(
     load_tick_ms: float = 10.0,
     peers_loaded: bool = True,
     sweep_rates: Sequence[float] = (),
+    other_workers: Sequence[WorkerSetup] = (),
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
     rounds: list[dict[str, Any]] = []
     peer_systems, skipped = wakeup_systems(peers if peers is not None else DEFAULT_PEERS)
     with bench_database("wakeup") as url:
-        worker = runlane_system.spawn_worker(url, 10, mode="stamp", src=worker_src)
-        with running([worker]):
-            worker.wait_ready()
-            for rnd in range(runs):
+        for rnd in range(runs):
+            with runlane_workers(
+                url, MAIN_WORKERS, src=worker_src, listen_wait=cfg["listen_wait"]
+            ) as workers:
                 runlane_system.reset(url)
                 idle = phase(url, cfg["n"], gap, via)
                 peer_idle = {}
@@ -373,7 +462,7 @@ def run(
                 # Half the capacity, or a rate given (the same load for two
                 # workers of different capacities).
                 rate = load_rate if load_rate else cap / 2
-                loaded = loaded_phase(url, worker, rate, cfg["n"], gap, via, load_tick_ms)
+                loaded = loaded_phase(url, workers, rate, cfg["n"], gap, via, load_tick_ms)
                 flushes = loaded.pop("loaded_flushes")
                 worker_busy = loaded.pop("worker_cpu_share")
                 backlog = loaded.pop("backlog_at_end")
@@ -388,6 +477,7 @@ def run(
                         "peers_loaded": peer_loaded,
                         "runlane_at_peer_rate": at_peer_rate,
                         "runlane_sweep": sweep,
+                        "other_workers": {},
                         "loaded": loaded,
                         "capacity": cap,
                         "burn_down_capacity": burn_down,
@@ -411,7 +501,7 @@ def run(
                 for swept in sweep_rates:
                     runlane_system.reset(url)
                     sweep.append(
-                        at := loaded_phase(url, worker, swept, cfg["n"], gap, via, load_tick_ms)
+                        at := loaded_phase(url, workers, swept, cfg["n"], gap, via, load_tick_ms)
                     )
                     print(
                         f"round {rnd}: runlane at {swept:.0f}/s p50"
@@ -449,7 +539,7 @@ def run(
                     # a different rate for each system.
                     runlane_system.reset(url)
                     at_peer_rate[system.NAME] = same = loaded_phase(
-                        url, worker, measured["rate"], cfg["n"], gap, via, load_tick_ms
+                        url, workers, measured["rate"], cfg["n"], gap, via, load_tick_ms
                     )
                     print(
                         f"round {rnd}: runlane at {system.NAME}'s {measured['rate']:.0f}/s p50"
@@ -459,6 +549,27 @@ def run(
                         f" {same['loaded_flushes'].get('max_ms')} ms)",
                         flush=True,
                     )
+            # The other worker set-ups, each alone on the emptied tables.
+            for setup in other_workers:
+                with runlane_workers(
+                    url, setup, src=worker_src, listen_wait=cfg["listen_wait"]
+                ) as workers:
+                    rounds[-1]["other_workers"][setup.name] = measured = setup_phases(
+                        url,
+                        workers,
+                        cfg,
+                        via=via,
+                        load_tick_ms=load_tick_ms,
+                        sweep_rates=sweep_rates,
+                    )
+                print(
+                    f"round {rnd}: runlane {setup.name}: capacity {measured['capacity']:.0f}/s;"
+                    + "; ".join(
+                        f" at {phase['rate']:.0f}/s p99 {phase['latency']['p99_ms']:.2f} ms"
+                        for phase in [measured["loaded"], *measured["sweep"]]
+                    ),
+                    flush=True,
+                )
     summary: dict[str, Any] = {
         f"{ph}_{key}": median([r[ph][part][f"{key}_ms"] for r in rounds])
         for ph in ("idle", "loaded")
@@ -548,6 +659,33 @@ def run(
         p99 = median([m["latency"]["p99_ms"] for m in at_rate])
         summary.setdefault("sweep", []).append({"rate": swept, "p50_ms": p50, "p99_ms": p99})
         table_rows.append([f"runlane at {swept:.0f} runs/s", p50, p99, ""])
+    for setup in other_workers:
+        by_round: list[dict[str, Any]] = [r["other_workers"][setup.name] for r in rounds]
+        own_half: list[dict[str, Any]] = [m["loaded"] for m in by_round]
+        other: dict[str, Any] = {
+            "capacity_per_s": median([m["capacity"] for m in by_round]),
+            "load_per_s": median([m["rate"] for m in own_half]),
+            "loaded_p50": median([m["latency"]["p50_ms"] for m in own_half]),
+            "loaded_p99": median([m["latency"]["p99_ms"] for m in own_half]),
+            "loaded_worker_cpu_share": median([m["worker_cpu_share"] for m in own_half]),
+            "sweep": [],
+        }
+        summary.setdefault("other_workers", {})[setup.name] = other
+        table_rows.append(
+            [
+                f"runlane {setup.name}, ~50% load ({other['load_per_s']:.0f} runs/s,"
+                f" workers' CPU {100 * other['loaded_worker_cpu_share']:.0f}%)",
+                other["loaded_p50"],
+                other["loaded_p99"],
+                "",
+            ]
+        )
+        for i, swept in enumerate(sweep_rates):
+            swept_by_round: list[dict[str, Any]] = [m["sweep"][i] for m in by_round]
+            p50 = median([m["latency"]["p50_ms"] for m in swept_by_round])
+            p99 = median([m["latency"]["p99_ms"] for m in swept_by_round])
+            other["sweep"].append({"rate": swept, "p50_ms": p50, "p99_ms": p99})
+            table_rows.append([f"runlane {setup.name} at {swept:.0f} runs/s", p50, p99, ""])
     summary["table"] = print_table(
         ["submit -> handler start", "p50 ms", "p99 ms", "runlane / this (p50 idle, p99 loaded)"],
         table_rows,
@@ -561,13 +699,15 @@ def run(
         "load_tick_ms": load_tick_ms,
         "peers_loaded": peers_loaded,
         "sweep_rates": list(sweep_rates),
+        "workers": MAIN_WORKERS.name,
+        "other_workers": [setup.name for setup in other_workers],
         "config": cfg,
         "skipped": skipped,
         "rounds": rounds,
         "summary": summary,
     }
     write_results("wakeup" if via == "runs" else "wakeup_lanes", data, out_dir=out_dir)
-    if rounds[0]["peers_loaded"] or sweep_rates:
+    if rounds[0]["peers_loaded"] or sweep_rates or other_workers:
         plot_loaded(data, out_dir=out_dir)
     return data
 
@@ -576,7 +716,8 @@ def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequ
     """Every loaded phase of a wake-up result as (rate, p99) points by
     system, each system's sorted by rate: runlane's at its own half
     capacity, at each peer's rate and at each rate swept, each peer's at
-    its own half."""
+    its own half, and each other worker set-up's at its own half and at
+    each rate swept ("runlane 2x10")."""
     points: dict[str, list[tuple[float, float]]] = {"runlane": []}
     for r in data["rounds"]:
         points["runlane"].append((r["rate"], r["loaded"]["latency"]["p99_ms"]))
@@ -586,6 +727,11 @@ def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequ
             points["runlane"].append((same["rate"], same["latency"]["p99_ms"]))
         for swept in r.get("runlane_sweep", []):
             points["runlane"].append((swept["rate"], swept["latency"]["p99_ms"]))
+        for name, measured in r.get("other_workers", {}).items():
+            points.setdefault(f"runlane {name}", []).extend(
+                (phase["rate"], phase["latency"]["p99_ms"])
+                for phase in [measured["loaded"], *measured["sweep"]]
+            )
     return {
         name: ([rate for rate, _ in sorted(pairs)], [p99 for _, p99 in sorted(pairs)])
         for name, pairs in points.items()
@@ -675,6 +821,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--other-workers",
+        type=worker_setups,
+        default=[],
+        help=(
+            "other runlane worker set-ups, PROCSxCONCURRENCY (comma-separated, e.g."
+            " 2x10,1x50), each measured alone in every round: the rate it sustains,"
+            " its probes at half that and at each --sweep-rates rate"
+        ),
+    )
+    parser.add_argument(
         "--idle-peers-only",
         action="store_true",
         help=(
@@ -702,6 +858,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         load_tick_ms=args.load_tick_ms,
         peers_loaded=not args.idle_peers_only,
         sweep_rates=[float(rate) for rate in args.sweep_rates.split(",") if rate.strip()],
+        other_workers=args.other_workers,
     )
 
 

@@ -11,6 +11,7 @@ on); without it that test fails.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import json
@@ -190,6 +191,7 @@ def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_pa
         worker_src=str(ROOT / "src"),
         peers_loaded=False,
         sweep_rates=[100.0, 300.0],
+        other_workers=[wakeup.WorkerSetup(2, 3)],
     )
     # --sweep-rates: runlane loaded again at each rate, every probe timed,
     # each phase a point of the plot.
@@ -198,6 +200,21 @@ def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_pa
     assert all(phase["latency"]["n"] == wakeup.SIZES["tiny"]["n"] for phase in swept)
     assert [row["rate"] for row in data["summary"]["sweep"]] == [100.0, 300.0]
     assert sorted(wakeup.loaded_points(data)["runlane"][0]) == [100.0, 150.0, 300.0]
+    # --other-workers: two processes of concurrency 3, measured alone, at
+    # half the rate they sustained and at each swept rate, every probe timed.
+    other = data["rounds"][0]["other_workers"]["2x3"]
+    assert other["capacity"] > 0 and other["loaded"]["rate"] == other["capacity"] / 2
+    assert [phase["rate"] for phase in other["sweep"]] == [100.0, 300.0]
+    for phase in [other["loaded"], *other["sweep"]]:
+        assert phase["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+        assert phase["worker_cpu_share"] > 0
+    summary = data["summary"]["other_workers"]["2x3"]
+    assert summary["loaded_p99"] == other["loaded"]["latency"]["p99_ms"]
+    assert [row["rate"] for row in summary["sweep"]] == [100.0, 300.0]
+    assert sorted(wakeup.loaded_points(data)["runlane 2x3"][0]) == sorted(
+        [other["capacity"] / 2, 100.0, 300.0]
+    )
+    assert data["workers"] == "1x10" and data["other_workers"] == ["2x3"]
     plotted = (tmp_path / "wakeup_loaded_sync_off.png").exists()
     assert plotted == (importlib.util.find_spec("matplotlib") is not None)
     assert data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]["n"] > 0
@@ -207,6 +224,18 @@ def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_pa
     assert data["load_tick_ms"] == 2.0
     assert data["worker_src"] == str(ROOT / "src")
     assert data["rounds"][0]["loaded"]["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+
+
+def test_wakeup_other_workers_option() -> None:
+    # The set-ups are read as PROCSxCONCURRENCY; anything else is refused
+    # by the command line with the reason, before any database is made.
+    assert wakeup.worker_setups("2x10, 1x50") == [
+        wakeup.WorkerSetup(2, 10),
+        wakeup.WorkerSetup(1, 50),
+    ]
+    for bad, reason in [("2y10", "PROCSxCONCURRENCY"), ("0x10", ">= 1"), ("x10", "PROCSx")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=reason):
+            wakeup.worker_setups(bad)
 
 
 def test_wakeup_through_lanes_smoke(bench_env: str, tmp_path: Path) -> None:
