@@ -2,8 +2,9 @@
 the worker process.
 
     python -m bench.wakeup_breakdown [--n 300] [--gap-ms 20] [--src OTHER/src] [--tag _base]
+                                     [--load-rate R] [--concurrency C]
 
-A worker (concurrency 10) runs with its ``Listener`` handler and
+A worker (concurrency 10, or ``--concurrency``) runs with its ``Listener`` handler and
 ``RunStore.claim`` wrapped to stamp ``time.time()`` when a NOTIFY
 arrives and when a claim is sent and answered; the handler stamps its
 start. This process submits ``--n`` runs through ``RunService.submit``,
@@ -46,7 +47,7 @@ from bench.common import (
 from bench.wakeup import spawn_loader
 
 
-async def serve(url: str) -> None:
+async def serve(url: str, concurrency: int) -> None:
     from runlane.app import App
     from runlane.settings import Settings
     from runlane.worker import Worker
@@ -62,7 +63,7 @@ async def serve(url: str) -> None:
             marks.setdefault(str(ctx.run_id), {})["handler"] = time.time()
         return None
 
-    worker = Worker(app, url, concurrency=10, settings=Settings(database_url=url))
+    worker = Worker(app, url, concurrency=concurrency, settings=Settings(database_url=url))
     last_notify = [0.0]
     # (arrived, taken, payload) of each push: the payload is read for its
     # run's id at the end, so that no decoding of the bench's own is timed.
@@ -112,7 +113,8 @@ async def serve(url: str) -> None:
         run_id = message["claim"][0] if "claim" in message else None
         if run_id is not None:
             marks.setdefault(str(run_id), {}).update(push=arrived, taken=taken)
-    print(json.dumps({"marks": marks, "claims": claims}), flush=True)
+    reported = {"marks": marks, "claims": claims, "concurrency": worker.concurrency}
+    print(json.dumps(reported), flush=True)
 
 
 async def submit(url: str, n: int, gap: float) -> dict[str, tuple[float, float]]:
@@ -147,11 +149,22 @@ def run(
     tag: str = "",
     out_dir: Path | None = None,
     load_rate: float | None = None,
+    concurrency: int = 10,
 ) -> dict[str, Any]:
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
     with bench_database("wakeup_breakdown") as url:
         env_path = f"{ROOT}:{src or ROOT / 'src'}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.wakeup_breakdown", "--serve", url],
+            [
+                sys.executable,
+                "-m",
+                "bench.wakeup_breakdown",
+                "--serve",
+                url,
+                "--concurrency",
+                str(concurrency),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             cwd=str(ROOT),
@@ -234,6 +247,7 @@ def run(
         "gap_ms": gap_ms,
         "worker_src": src or "this checkout",
         "load_rate": load_rate,
+        "concurrency": reported["concurrency"],
         "runs": counts,
         "parts": summary,
         "claims_while_probing": claim_summary,
@@ -255,12 +269,17 @@ def main() -> None:
         default=None,
         help="runs/s a loader adds meanwhile (bench.wakeup's loader, batches every 10 ms)",
     )
+    parser.add_argument(
+        "--concurrency", type=int, default=10, help="the worker's concurrency (default 10)"
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
     if args.serve:
-        asyncio.run(serve(args.serve))
+        asyncio.run(serve(args.serve, args.concurrency))
         return
     run(
         args.n,
@@ -269,6 +288,7 @@ def main() -> None:
         tag=args.tag,
         out_dir=args.out_dir,
         load_rate=args.load_rate,
+        concurrency=args.concurrency,
     )
 
 

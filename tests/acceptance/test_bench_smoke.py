@@ -343,9 +343,11 @@ def test_wakeup_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
 def test_wakeup_breakdown_under_load_smoke(bench_env: str, tmp_path: Path) -> None:
     # With a loader beside the probes, only the probes are broken down (the
     # loader's runs carry no "probe" key), and the claims sent meanwhile,
-    # the loader's included, are counted.
-    data = wakeup_breakdown.run(10, 20.0, out_dir=tmp_path, load_rate=500.0)
+    # the loader's included, are counted; the worker reports the
+    # concurrency it ran with.
+    data = wakeup_breakdown.run(10, 20.0, out_dir=tmp_path, load_rate=500.0, concurrency=3)
     assert data["load_rate"] == 500.0
+    assert data["concurrency"] == 3
     assert data["runs"]["pushed"] + data["runs"]["claimed"] == 10
     claims = data["claims_while_probing"]
     assert claims["claims"] > 0
