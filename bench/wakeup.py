@@ -252,14 +252,18 @@ def peer_loaded_phase(
     window: float,
     listen_wait: float = 2.0,
     load_tick_ms: float = 10.0,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """The loaded wake-up figure for a peer queue, as runlane's: its worker
-    (concurrency 10) under its own loader at half the rate it sustains,
-    the probes one at a time beside the load, the disk's flushes watched."""
+    (concurrency 10) under its own loader at half the rate it sustains
+    (or at ``rate``, its capacity then not measured), the probes one at a
+    time beside the load, the disk's flushes watched."""
     with stamping_peer(system, url, listen_wait) as (worker, reported):
-        cap = peer_capacity(system, url, first_offer, window)
+        cap = peer_capacity(system, url, first_offer, window) if rate is None else None
         system.reset(url)
-        rate = cap / 2
+        if rate is None:
+            assert cap is not None
+            rate = cap / 2
         loader = system.spawn_loader(url, rate, tick_ms=load_tick_ms)
         _, beside = probed_under_load(
             loader,
@@ -433,6 +437,7 @@ def run(
     peers_loaded: bool = True,
     sweep_rates: Sequence[float] = (),
     other_workers: Sequence[WorkerSetup] = (),
+    sweep_peers: bool = False,
 ) -> dict[str, Any]:
     cfg = SIZES[size]
     gap = cfg["gap_ms"] / 1000
@@ -477,6 +482,7 @@ def run(
                         "peers_loaded": peer_loaded,
                         "runlane_at_peer_rate": at_peer_rate,
                         "runlane_sweep": sweep,
+                        "peers_sweep": {},
                         "other_workers": {},
                         "loaded": loaded,
                         "capacity": cap,
@@ -549,6 +555,32 @@ def run(
                         f" {same['loaded_flushes'].get('max_ms')} ms)",
                         flush=True,
                     )
+                    # The peer at each swept rate too: the same loads as
+                    # runlane's sweep, in the same round.
+                    if not sweep_peers:
+                        continue
+                    rounds[-1]["peers_sweep"][system.NAME] = peer_sweep = []
+                    for swept in sweep_rates:
+                        peer_sweep.append(
+                            at := peer_loaded_phase(
+                                system,
+                                url,
+                                cfg["n"],
+                                gap,
+                                first_offer=cap,
+                                window=cfg["window_s"],
+                                listen_wait=cfg["listen_wait"],
+                                load_tick_ms=load_tick_ms,
+                                rate=swept,
+                            )
+                        )
+                        print(
+                            f"round {rnd}: {system.NAME} at {swept:.0f}/s p50"
+                            f" {at['latency']['p50_ms']:.2f} ms p99"
+                            f" {at['latency']['p99_ms']:.2f} ms (backlog {at['backlog_at_end']},"
+                            f" worker CPU {100 * at['worker_cpu_share']:.0f}%)",
+                            flush=True,
+                        )
             # The other worker set-ups, each alone on the emptied tables.
             for setup in other_workers:
                 with runlane_workers(
@@ -659,6 +691,23 @@ def run(
         p99 = median([m["latency"]["p99_ms"] for m in at_rate])
         summary.setdefault("sweep", []).append({"rate": swept, "p50_ms": p50, "p99_ms": p99})
         table_rows.append([f"runlane at {swept:.0f} runs/s", p50, p99, ""])
+    for name in rounds[0]["peers_sweep"]:
+        summary[f"{name}_sweep"] = peer_rows = []
+        for i, swept in enumerate(sweep_rates):
+            peer_at: list[dict[str, Any]] = [r["peers_sweep"][name][i] for r in rounds]
+            p50 = median([m["latency"]["p50_ms"] for m in peer_at])
+            p99 = median([m["latency"]["p99_ms"] for m in peer_at])
+            ratio = median(
+                [
+                    r["runlane_sweep"][i]["latency"]["p99_ms"]
+                    / r["peers_sweep"][name][i]["latency"]["p99_ms"]
+                    for r in rounds
+                ]
+            )
+            peer_rows.append(
+                {"rate": swept, "p50_ms": p50, "p99_ms": p99, "runlane_over_it_p99": ratio}
+            )
+            table_rows.append([f"{name} at {swept:.0f} jobs/s", p50, p99, ratio])
     for setup in other_workers:
         by_round: list[dict[str, Any]] = [r["other_workers"][setup.name] for r in rounds]
         own_half: list[dict[str, Any]] = [m["loaded"] for m in by_round]
@@ -699,6 +748,7 @@ def run(
         "load_tick_ms": load_tick_ms,
         "peers_loaded": peers_loaded,
         "sweep_rates": list(sweep_rates),
+        "sweep_peers": sweep_peers,
         "workers": MAIN_WORKERS.name,
         "other_workers": [setup.name for setup in other_workers],
         "config": cfg,
@@ -716,7 +766,8 @@ def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequ
     """Every loaded phase of a wake-up result as (rate, p99) points by
     system, each system's sorted by rate: runlane's at its own half
     capacity, at each peer's rate and at each rate swept, each peer's at
-    its own half, and each other worker set-up's at its own half and at
+    its own half (and at each rate swept, with ``--sweep-peers``), and
+    each other worker set-up's at its own half and at
     each rate swept ("runlane 2x10")."""
     points: dict[str, list[tuple[float, float]]] = {"runlane": []}
     for r in data["rounds"]:
@@ -727,6 +778,8 @@ def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequ
             points["runlane"].append((same["rate"], same["latency"]["p99_ms"]))
         for swept in r.get("runlane_sweep", []):
             points["runlane"].append((swept["rate"], swept["latency"]["p99_ms"]))
+        for name, phases in r.get("peers_sweep", {}).items():
+            points[name].extend((phase["rate"], phase["latency"]["p99_ms"]) for phase in phases)
         for name, measured in r.get("other_workers", {}).items():
             points.setdefault(f"runlane {name}", []).extend(
                 (phase["rate"], phase["latency"]["p99_ms"])
@@ -821,6 +874,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--sweep-peers",
+        action="store_true",
+        help=(
+            "the loaded peers (the pull floor among them) at each --sweep-rates rate"
+            " too, in the same rounds as runlane's"
+        ),
+    )
+    parser.add_argument(
         "--other-workers",
         type=worker_setups,
         default=[],
@@ -859,6 +920,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         peers_loaded=not args.idle_peers_only,
         sweep_rates=[float(rate) for rate in args.sweep_rates.split(",") if rate.strip()],
         other_workers=args.other_workers,
+        sweep_peers=args.sweep_peers,
     )
 
 

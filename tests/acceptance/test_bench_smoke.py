@@ -226,6 +226,26 @@ def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_pa
     assert data["rounds"][0]["loaded"]["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
 
 
+def test_wakeup_peers_swept_smoke(bench_env: str, tmp_path: Path) -> None:
+    # --sweep-peers: the loaded pull floor at each swept rate too, beside
+    # runlane's at the same rate in the same round, every probe timed.
+    data = wakeup.run(
+        "tiny", 1, peers=["sql-floor"], out_dir=tmp_path, sweep_rates=[120.0], sweep_peers=True
+    )
+    first = data["rounds"][0]
+    (floor_at,) = first["peers_sweep"]["sql-floor"]
+    assert floor_at["rate"] == 120.0 and floor_at["capacity"] is None
+    assert floor_at["latency"]["n"] == wakeup.SIZES["tiny"]["n"]
+    (runlane_at,) = first["runlane_sweep"]
+    (row,) = data["summary"]["sql-floor_sweep"]
+    assert row["p99_ms"] == floor_at["latency"]["p99_ms"]
+    assert row["runlane_over_it_p99"] == (
+        runlane_at["latency"]["p99_ms"] / floor_at["latency"]["p99_ms"]
+    )
+    floor_rates = wakeup.loaded_points(data)["sql-floor"][0]
+    assert sorted(floor_rates) == sorted([first["peers_loaded"]["sql-floor"]["rate"], 120.0])
+
+
 def test_wakeup_other_workers_option() -> None:
     # The set-ups are read as PROCSxCONCURRENCY; anything else is refused
     # by the command line with the reason, before any database is made.
