@@ -103,6 +103,11 @@ def test_throughput_smoke(bench_env: str, tmp_path: Path) -> None:
         assert row["runlane_steady"] > 0
 
 
+# Where the bench extra is installed the wake-up figure measures four
+# more peers idle and loaded, each loaded one after a search for its
+# capacity and a drain of the backlog that search left: 50-130 s on the
+# forty-ninth session's machine, where 120 s is the suite's default.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("figure", ["wakeup", "relay", "history", "heartbeat", "recovery"])
 def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
     module = importlib.import_module(f"bench.{figure}")
