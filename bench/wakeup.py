@@ -517,18 +517,17 @@ def run(
                         flush=True,
                     )
                 # The peers at half their own capacity, after runlane's load.
+                peer_load: dict[str, float] = {
+                    "first_offer": cap,
+                    "window": cfg["window_s"],
+                    "listen_wait": cfg["listen_wait"],
+                    "load_tick_ms": load_tick_ms,
+                }
                 for system in peer_systems:
                     if not peers_loaded or not hasattr(system, "spawn_loader"):
                         continue
                     peer_loaded[system.NAME] = measured = peer_loaded_phase(
-                        system,
-                        url,
-                        cfg["n"],
-                        gap,
-                        first_offer=cap,
-                        window=cfg["window_s"],
-                        listen_wait=cfg["listen_wait"],
-                        load_tick_ms=load_tick_ms,
+                        system, url, cfg["n"], gap, **peer_load
                     )
                     print(
                         f"round {rnd}: {system.NAME} at {measured['rate']:.0f}/s"
@@ -563,15 +562,7 @@ def run(
                     for swept in sweep_rates:
                         peer_sweep.append(
                             at := peer_loaded_phase(
-                                system,
-                                url,
-                                cfg["n"],
-                                gap,
-                                first_offer=cap,
-                                window=cfg["window_s"],
-                                listen_wait=cfg["listen_wait"],
-                                load_tick_ms=load_tick_ms,
-                                rate=swept,
+                                system, url, cfg["n"], gap, **peer_load, rate=swept
                             )
                         )
                         print(
