@@ -35,6 +35,14 @@ and the NOTIFY carries the job, so no claim round trip is on the path.
 The pull floor is loaded as the peers are, which gives the lowest loaded
 wake-up of a pulling queue on the machine; the push floor is measured idle
 only.
+
+``--sweep-rates`` loads runlane again at each rate given, and with
+``--sweep-peers`` each loaded peer too, in the same round.
+``--other-workers 2x10,1x50`` measures other runlane set-ups (processes ×
+concurrency) under load, each alone on the emptied tables after the usual
+worker (one process of concurrency 10, started afresh each round) has
+stopped: the rate it sustains, its probes at half that and at each swept
+rate.
 """
 
 from __future__ import annotations
@@ -758,8 +766,8 @@ def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequ
     system, each system's sorted by rate: runlane's at its own half
     capacity, at each peer's rate and at each rate swept, each peer's at
     its own half (and at each rate swept, with ``--sweep-peers``), and
-    each other worker set-up's at its own half and at
-    each rate swept ("runlane 2x10")."""
+    each other worker set-up's at its own half and at each rate swept
+    (as "runlane 2x10")."""
     points: dict[str, list[tuple[float, float]]] = {"runlane": []}
     for r in data["rounds"]:
         points["runlane"].append((r["rate"], r["loaded"]["latency"]["p99_ms"]))
