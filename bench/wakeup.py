@@ -38,7 +38,7 @@ only.
 
 ``--sweep-rates`` loads runlane again at each rate given, and with
 ``--sweep-peers`` each loaded peer too, in the same round.
-``--other-workers 2x10,1x50`` measures other runlane set-ups (processes ×
+``--other-workers 2x10,1x50`` measures other runlane set-ups (processes by
 concurrency) under load, each alone on the emptied tables after the usual
 worker (one process of concurrency 10, started afresh each round) has
 stopped: the rate it sustains, its probes at half that and at each swept
