@@ -401,7 +401,7 @@ def runlane_workers(
         yield workers
 
 
-def setup_phases(
+def loaded_phases(
     url: str,
     workers: Sequence[Proc],
     cfg: dict[str, Any],
@@ -409,15 +409,17 @@ def setup_phases(
     via: str,
     load_tick_ms: float,
     sweep_rates: Sequence[float],
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """Another worker set-up under load: the rate its workers sustain
-    (measured as the main set-up's), its probes at half that, and at each
-    swept rate, the same rates as the main set-up's sweep."""
+    """A worker set-up under load: the rate its workers sustain (a
+    burn-down's rate offered 1.5 times over, see sustained_capacity), its
+    probes at half that (or at ``rate``: the same load for set-ups of
+    different capacities), and at each swept rate."""
     gap = cfg["gap_ms"] / 1000
     burn_down = capacity(url, cfg["capacity_n"])
     cap = sustained_capacity(url, 1.5 * burn_down, cfg["window_s"])
     runlane_system.reset(url)
-    loaded = loaded_phase(url, workers, cap / 2, cfg["n"], gap, via, load_tick_ms)
+    loaded = loaded_phase(url, workers, rate or cap / 2, cfg["n"], gap, via, load_tick_ms)
     sweep = []
     for swept in sweep_rates:
         runlane_system.reset(url)
@@ -469,19 +471,23 @@ def run(
                         f" {peer_idle[system.NAME]['latency']['p99_ms']:.2f} ms",
                         flush=True,
                     )
-                burn_down = capacity(url, cfg["capacity_n"])
-                cap = sustained_capacity(url, 1.5 * burn_down, cfg["window_s"])
-                runlane_system.reset(url)
-                # Half the capacity, or a rate given (the same load for two
-                # workers of different capacities).
-                rate = load_rate if load_rate else cap / 2
-                loaded = loaded_phase(url, workers, rate, cfg["n"], gap, via, load_tick_ms)
+                own = loaded_phases(
+                    url,
+                    workers,
+                    cfg,
+                    via=via,
+                    load_tick_ms=load_tick_ms,
+                    sweep_rates=sweep_rates,
+                    rate=load_rate,
+                )
+                cap, burn_down = own["capacity"], own["burn_down_capacity"]
+                loaded, sweep = own["loaded"], own["sweep"]
+                rate = loaded["rate"]
                 flushes = loaded.pop("loaded_flushes")
                 worker_busy = loaded.pop("worker_cpu_share")
                 backlog = loaded.pop("backlog_at_end")
                 peer_loaded: dict[str, Any] = {}
                 at_peer_rate: dict[str, Any] = {}
-                sweep: list[dict[str, Any]] = []
                 rounds.append(
                     {
                         "round": rnd,
@@ -512,11 +518,7 @@ def run(
                     flush=True,
                 )
                 # runlane at each rate asked for: its p99 against the load.
-                for swept in sweep_rates:
-                    runlane_system.reset(url)
-                    sweep.append(
-                        at := loaded_phase(url, workers, swept, cfg["n"], gap, via, load_tick_ms)
-                    )
+                for swept, at in zip(sweep_rates, sweep, strict=True):
                     print(
                         f"round {rnd}: runlane at {swept:.0f}/s p50"
                         f" {at['latency']['p50_ms']:.2f} ms p99 {at['latency']['p99_ms']:.2f} ms"
@@ -585,7 +587,7 @@ def run(
                 with runlane_workers(
                     url, setup, src=worker_src, listen_wait=cfg["listen_wait"]
                 ) as workers:
-                    rounds[-1]["other_workers"][setup.name] = measured = setup_phases(
+                    rounds[-1]["other_workers"][setup.name] = measured = loaded_phases(
                         url,
                         workers,
                         cfg,
@@ -641,8 +643,7 @@ def run(
         table_rows.append([f"{name}, idle worker", p50, p99, ratio])
     for name in rounds[0]["peers_loaded"]:
         loaded_runs = [r["peers_loaded"][name] for r in rounds]
-        p50 = median([m["latency"]["p50_ms"] for m in loaded_runs])
-        p99 = median([m["latency"]["p99_ms"] for m in loaded_runs])
+        p50, p99 = latency_medians(loaded_runs)
         summary[f"{name}_loaded_p50"] = p50
         summary[f"{name}_loaded_p99"] = p99
         summary[f"{name}_load_per_s"] = median([m["rate"] for m in loaded_runs])
@@ -660,8 +661,7 @@ def run(
         )
         summary[f"runlane_over_{name}_loaded_p99"] = ratio
         same_rate = [r["runlane_at_peer_rate"][name] for r in rounds]
-        same_p50 = median([m["latency"]["p50_ms"] for m in same_rate])
-        same_p99 = median([m["latency"]["p99_ms"] for m in same_rate])
+        same_p50, same_p99 = latency_medians(same_rate)
         summary[f"runlane_at_{name}_rate_p50"] = same_p50
         summary[f"runlane_at_{name}_rate_p99"] = same_p99
         same_ratio = median(
@@ -686,16 +686,14 @@ def run(
         )
     for i, swept in enumerate(sweep_rates):
         at_rate = [r["runlane_sweep"][i] for r in rounds]
-        p50 = median([m["latency"]["p50_ms"] for m in at_rate])
-        p99 = median([m["latency"]["p99_ms"] for m in at_rate])
+        p50, p99 = latency_medians(at_rate)
         summary.setdefault("sweep", []).append({"rate": swept, "p50_ms": p50, "p99_ms": p99})
         table_rows.append([f"runlane at {swept:.0f} runs/s", p50, p99, ""])
     for name in rounds[0]["peers_sweep"]:
         summary[f"{name}_sweep"] = peer_rows = []
         for i, swept in enumerate(sweep_rates):
             peer_at: list[dict[str, Any]] = [r["peers_sweep"][name][i] for r in rounds]
-            p50 = median([m["latency"]["p50_ms"] for m in peer_at])
-            p99 = median([m["latency"]["p99_ms"] for m in peer_at])
+            p50, p99 = latency_medians(peer_at)
             ratio = median(
                 [
                     r["runlane_sweep"][i]["latency"]["p99_ms"]
@@ -710,11 +708,12 @@ def run(
     for setup in other_workers:
         by_round: list[dict[str, Any]] = [r["other_workers"][setup.name] for r in rounds]
         own_half: list[dict[str, Any]] = [m["loaded"] for m in by_round]
+        own_p50, own_p99 = latency_medians(own_half)
         other: dict[str, Any] = {
             "capacity_per_s": median([m["capacity"] for m in by_round]),
             "load_per_s": median([m["rate"] for m in own_half]),
-            "loaded_p50": median([m["latency"]["p50_ms"] for m in own_half]),
-            "loaded_p99": median([m["latency"]["p99_ms"] for m in own_half]),
+            "loaded_p50": own_p50,
+            "loaded_p99": own_p99,
             "loaded_worker_cpu_share": median([m["worker_cpu_share"] for m in own_half]),
             "sweep": [],
         }
@@ -730,8 +729,7 @@ def run(
         )
         for i, swept in enumerate(sweep_rates):
             swept_by_round: list[dict[str, Any]] = [m["sweep"][i] for m in by_round]
-            p50 = median([m["latency"]["p50_ms"] for m in swept_by_round])
-            p99 = median([m["latency"]["p99_ms"] for m in swept_by_round])
+            p50, p99 = latency_medians(swept_by_round)
             other["sweep"].append({"rate": swept, "p50_ms": p50, "p99_ms": p99})
             table_rows.append([f"runlane {setup.name} at {swept:.0f} runs/s", p50, p99, ""])
     summary["table"] = print_table(
@@ -759,6 +757,14 @@ def run(
     if rounds[0]["peers_loaded"] or sweep_rates or other_workers:
         plot_loaded(data, out_dir=out_dir)
     return data
+
+
+def latency_medians(phases: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """The median over rounds of the phases' p50 and of their p99, ms."""
+    return (
+        median([phase["latency"]["p50_ms"] for phase in phases]),
+        median([phase["latency"]["p99_ms"] for phase in phases]),
+    )
 
 
 def loaded_points(data: dict[str, Any]) -> dict[str, tuple[Sequence[float], Sequence[float]]]:
