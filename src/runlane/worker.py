@@ -166,6 +166,10 @@ class Worker:
         # NOTIFY and the poll (an empty claim there would only delay the
         # claim that a NOTIFY, say a lane's relay, asks for).
         self._backlog = True
+        # Whether the claim loop's last claim came back full: then it does
+        # not park (see _claim_loop), as runs are likely still waiting and
+        # the plain claim is the cheaper statement.
+        self._last_claim_full = False
         self._notifies = 0
         # Whether this worker's standing claim may be waiting in the
         # database: it holds one slot for the run a submit may push.
@@ -341,6 +345,11 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         poll = self.settings.poll_seconds
+        woken_by = "start"
+        # A claim at least every poll interval, whatever wakes the loop in
+        # between: it finds runs no NOTIFY announced (a delay that ran
+        # out) and renews the standing claim.
+        poll_at = time.monotonic()
         while not self._stopping:
             self._wake.clear()
             # A parked worker unparks in its claim: the claim then answers
@@ -348,13 +357,19 @@ class Worker:
             # more with the slot the standing claim held.
             unpark = self._parked
             free = self._free_slots(self._ahead())
-            if (free > 0 or unpark) and self._lane_outcomes_pending == 0:
+            # A slot that frees while the standing claim waits, with no
+            # NOTIFY since the claim that left it, needs no claim: the
+            # queue was drained then, and a run submitted since was pushed
+            # to this worker or announced.
+            idle_slot = woken_by == "slot" and unpark and not self._backlog
+            if (free > 0 or unpark) and self._lane_outcomes_pending == 0 and not idle_slot:
                 want = min(max(free, 0), self.batch_size)
-                # Parking is for a drained queue: not while runs may be
-                # waiting (a full claim, or NOTIFYs since), when the claim
-                # is the plain one and a standing claim would only be
-                # withdrawn again at the next.
-                park = self._may_park() and not self._backlog
+                # Park whenever the claim may come back short, so that a
+                # busy worker with a free slot also keeps a standing claim
+                # and a submit pushes its run instead of waiting for a
+                # claim; but not after a full claim, when runs are likely
+                # still waiting and the plain claim is the cheaper one.
+                park = self._may_park() and not self._last_claim_full
                 spec = ClaimSpec(
                     worker_id=self.worker_id,
                     limit=want,
@@ -367,6 +382,7 @@ class Worker:
                     park_seconds=max(3 * self.settings.poll_seconds, 2.0) if park else None,
                 )
                 sent_at = time.monotonic()
+                poll_at = sent_at + poll
                 parked_sent_at = self._parked_sent_at
                 notifies = self._notifies
                 # Up to one run more than asked for: the standing claim's
@@ -393,7 +409,7 @@ class Worker:
                     else:
                         logger.exception("claim failed; retrying")
                     self._backlog = True
-                    await self._sleep_or_wake(poll)
+                    woken_by = await self._sleep_or_wake(poll)
                     continue
                 finally:
                     self._reserved -= held
@@ -401,6 +417,7 @@ class Worker:
                 pushed = sum(1 for claimed in batch if claimed.pushed) if unpark else 0
                 asked = want + (1 if unpark and not pushed else 0)
                 claimed_now = len(batch) - pushed
+                self._last_claim_full = asked > 0 and claimed_now == asked
                 self._backlog = claimed_now == asked or self._notifies != notifies
                 self.metrics.claims.inc(claimed_now)
                 for claimed in batch:
@@ -413,8 +430,14 @@ class Worker:
                     self._parked = True
                     self._parked_sent_at = sent_at
                 if claimed_now == asked and asked > 0:
+                    woken_by = "full"
                     continue  # there may be more waiting
-            await self._sleep_or_wake(poll)
+            now = time.monotonic()
+            if poll_at <= now:
+                # No claim went out this poll interval (no free slot): the
+                # next is due one interval from now.
+                poll_at = now + poll
+            woken_by = await self._sleep_or_wake(poll_at - now)
 
     def _may_park(self) -> bool:
         """Whether a claim that comes back short leaves a standing claim:
@@ -565,8 +588,11 @@ class Worker:
             self._start(claimed, sent_at)
         if len(batch) == claim.limit:
             self._backlog = True
+            self._last_claim_full = True
 
-    async def _sleep_or_wake(self, seconds: float) -> None:
+    async def _sleep_or_wake(self, seconds: float) -> str:
+        """Waits for a wake-up, or ``seconds`` at most; answers what woke
+        the claim loop (see _woken_by)."""
         # A timer rather than wait_for(), which would wrap each wait in a
         # task of its own: a wake-up reaches the claim in one loop step.
         poll = asyncio.get_running_loop().call_later(seconds, self._poll_due)
@@ -574,8 +600,11 @@ class Worker:
             await self._wake.wait()
         finally:
             poll.cancel()
-        self.metrics.wakeups.labels(source=self._woken_by).inc()
-        self._woken_by = "slot"
+        woken_by, self._woken_by = self._woken_by, "slot"
+        # A push is counted as it arrives (_on_push), once per run.
+        if woken_by != "push":
+            self.metrics.wakeups.labels(source=woken_by).inc()
+        return woken_by
 
     def _poll_due(self) -> None:
         if not self._wake.is_set():
@@ -695,13 +724,23 @@ class Worker:
                 )
             else:
                 self._take_pushed(PushedRun(UUID(message["run_id"]), UUID(message["lease_token"])))
+                self._repark()
                 return
             self._take_pushed_run(claimed, self._parked_sent_at)
+            self._repark()
         except (ValueError, KeyError, TypeError):
             # Not a push this version understands: the unpark in the next
             # claim (at the latest the next poll) finds the run.
             logger.warning("unreadable push notification: %.200s", payload)
             self._backlog = True
+            self._wake.set()
+
+    def _repark(self) -> None:
+        """A submit spent the standing claim: the claim loop leaves a new
+        one now, while the pushed run is under way, rather than after its
+        outcome is written, so that the next submit can push too."""
+        if not self._parked and not self._wake.is_set():
+            self._woken_by = "push"
             self._wake.set()
 
     def _reconnected(self) -> None:

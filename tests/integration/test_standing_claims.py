@@ -187,6 +187,92 @@ async def test_a_push_never_exceeds_the_workers_concurrency(
     assert most == 1
 
 
+def held_app(settings: Settings, release: asyncio.Event, running: list[Any]) -> App:
+    """An agent whose runs stay under way until ``release`` is set."""
+    app = App(settings)
+
+    @app.agent("held")
+    async def held(ctx: RunContext) -> Any:
+        running.append(ctx.run_id)
+        await release.wait()
+        return "ok"
+
+    @app.agent("quick")
+    async def quick(ctx: RunContext) -> Any:
+        return "ok"
+
+    return app
+
+
+async def parked_after_a_run(service: RunService, sql: Conn, worker_id: str) -> None:
+    """A run that ends at once, then the standing claim: a worker parks
+    after its runs end even without a poll."""
+    run, _ = await service.submit("quick", {})
+    await wait_for_status(service, run.id, RunStatus.COMPLETED)
+    await parked(sql, worker_id)
+
+
+async def test_a_busy_worker_with_a_free_slot_is_pushed_the_next_run_too(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    # A poll far beyond the test: only the push itself may make the worker
+    # park again while its first run is under way.
+    slow_poll = settings.model_copy(update={"poll_seconds": 120.0})
+    release = asyncio.Event()
+    running: list[Any] = []
+    async with running_worker(
+        held_app(slow_poll, release, running), slow_poll, concurrency=3
+    ) as worker:
+        worker_id = worker.worker_id
+        await parked_after_a_run(service, sql, worker_id)
+        first, _ = await service.submit("held", {})
+        assert first.status is RunStatus.RUNNING
+        await wait_until(lambda: running == [first.id], timeout=10, message="first started")
+        # The push spent the standing claim; two slots are free, so the
+        # worker leaves a new one while the first run goes on.
+        await parked(sql, worker_id)
+        second, _ = await service.submit("held", {})
+        assert second.status is RunStatus.RUNNING and second.worker_id == worker_id
+        await parked(sql, worker_id)
+        third, _ = await service.submit("held", {})
+        assert third.status is RunStatus.RUNNING
+        # Every slot is taken now: the standing claim is not left again,
+        # and the next run waits for a slot.
+        await wait_until(lambda: len(running) == 3, timeout=10, message="three running")
+        fourth, _ = await service.submit("held", {})
+        assert fourth.status is RunStatus.PENDING
+        release.set()
+        for run in (first, second, third, fourth):
+            await wait_for_status(service, run.id, RunStatus.COMPLETED)
+
+
+async def test_a_worker_woken_by_a_notify_parks_when_its_claim_comes_back_short(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    slow_poll = settings.model_copy(update={"poll_seconds": 120.0})
+    release = asyncio.Event()
+    running: list[Any] = []
+    async with running_worker(
+        held_app(slow_poll, release, running), slow_poll, concurrency=3
+    ) as worker:
+        await parked_after_a_run(service, sql, worker.worker_id)
+        # A keyed submit is never pushed: it waits pending and its NOTIFY
+        # wakes the worker, whose claim takes it and comes back short.
+        keyed, _ = await service.submit("held", {}, idempotency_key="k-1")
+        assert keyed.status is RunStatus.PENDING
+        await wait_until(lambda: running == [keyed.id], timeout=10, message="keyed started")
+        # That claim parked the worker again, though a NOTIFY woke it: the
+        # next submit is pushed while the keyed run is under way.
+        await parked(sql, worker.worker_id)
+        pushed_before = worker.claims_pushed
+        pushed, _ = await service.submit("held", {})
+        assert pushed.status is RunStatus.RUNNING and pushed.worker_id == worker.worker_id
+        release.set()
+        for run in (keyed, pushed):
+            await wait_for_status(service, run.id, RunStatus.COMPLETED)
+        assert worker.claims_pushed == pushed_before + 1
+
+
 async def test_only_runs_that_can_start_now_are_pushed(
     service: RunService, store: RunStore, settings: Settings, sql: Conn
 ) -> None:
