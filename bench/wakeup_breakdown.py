@@ -189,6 +189,8 @@ def run(
     # "pushed: ..." and "claimed: ..." parts, each run's in the order listed.
     parts: dict[str, list[float]] = defaultdict(list)
     counts = {"pushed": 0, "claimed": 0}
+    # Every probe's wake-up, whichever way its run arrived: the target's figure.
+    every: list[float] = []
     for run_id, (before, after) in stamps.items():
         m = marks.get(run_id)
         if not m or "handler" not in m:
@@ -219,6 +221,7 @@ def run(
         else:
             continue
         counts[kind] += 1
+        every.append(m["handler"] - before)
         for label, value in values.items():
             parts[f"{kind}: {label}"].append(value)
     # Pushed runs' parts first (a stable sort keeps each kind's order).
@@ -236,7 +239,12 @@ def run(
         "runs_held_before_max": max((c[3] for c in window), default=0),
         "round_trip": latency_summary([c[1] - c[0] for c in window]),
     }
+    every_summary = latency_summary(every)
     print(f"runs pushed: {counts['pushed']}, claimed: {counts['claimed']}")
+    print(
+        "every probe, submit start -> handler start:"
+        f" p50 {every_summary['p50_ms']:.2f} ms, p99 {every_summary['p99_ms']:.2f} ms"
+    )
     print(f"claims while probing: {json.dumps(claim_summary)}")
     table = print_table(
         ["part", "p50 ms", "p90 ms", "p99 ms"],
@@ -249,6 +257,7 @@ def run(
         "load_rate": load_rate,
         "concurrency": reported["concurrency"],
         "runs": counts,
+        "every_probe": every_summary,
         "parts": summary,
         "claims_while_probing": claim_summary,
         "table": table,

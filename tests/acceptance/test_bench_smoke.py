@@ -362,6 +362,11 @@ def test_wakeup_breakdown_smoke(bench_env: str, tmp_path: Path) -> None:
     assert data["runs"]["pushed"] + data["runs"]["claimed"] == 10
     assert data["runs"]["pushed"] >= 5
     assert "pushed: submit start -> handler start" in data["parts"]
+    # Every probe's wake-up, pushed or claimed, is summarised together too.
+    every = data["every_probe"]
+    assert every["n"] == 10
+    pushed = data["parts"]["pushed: submit start -> handler start"]
+    assert every["p50_ms"] > 0 and every["max_ms"] >= pushed["max_ms"]
     assert (tmp_path / "wakeup_breakdown_sync_off.json").exists()
 
 
