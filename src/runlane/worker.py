@@ -360,8 +360,11 @@ class Worker:
             # A slot that frees while the standing claim waits, with no
             # NOTIFY since the claim that left it, needs no claim: the
             # queue was drained then, and a run submitted since was pushed
-            # to this worker or announced.
-            idle_slot = woken_by == "slot" and unpark and not self._backlog
+            # to this worker or announced. Unless the poll is due: a slot
+            # that frees as its timer runs out wakes the loop first.
+            idle_slot = (
+                woken_by == "slot" and unpark and not self._backlog and time.monotonic() < poll_at
+            )
             if (free > 0 or unpark) and self._lane_outcomes_pending == 0 and not idle_slot:
                 want = min(max(free, 0), self.batch_size)
                 # Park whenever the claim may come back short, so that a
