@@ -5,7 +5,9 @@ so does a lane's intake on an idle lane (migration 0026)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -17,6 +19,7 @@ from runlane.models import ClaimedRun, RunStatus
 from runlane.service import RunService
 from runlane.settings import Settings
 from runlane.store import ClaimSpec, PushedRun, RunStore
+from runlane.worker import Worker
 from tests.support import claimed_as_stored, running_worker, wait_until
 
 Conn = psycopg.Connection[Any]
@@ -204,27 +207,30 @@ def held_app(settings: Settings, release: asyncio.Event, running: list[Any]) -> 
     return app
 
 
-async def parked_after_a_run(service: RunService, sql: Conn, worker_id: str) -> None:
-    """A run that ends at once, then the standing claim: a worker parks
-    after its runs end even without a poll."""
-    run, _ = await service.submit("quick", {})
-    await wait_for_status(service, run.id, RunStatus.COMPLETED)
-    await parked(sql, worker_id)
-
-
-async def test_a_busy_worker_with_a_free_slot_is_pushed_the_next_run_too(
+@contextlib.asynccontextmanager
+async def parked_held_worker(
     service: RunService, settings: Settings, sql: Conn
-) -> None:
-    # A poll far beyond the test: only the push itself may make the worker
-    # park again while its first run is under way.
+) -> AsyncIterator[tuple[Worker, asyncio.Event, list[Any]]]:
+    """A worker of concurrency 3 whose "held" runs stay under way until
+    the event is set, parked after a run that ended at once. Its poll is
+    far beyond the test: only a push or a claim may park it again."""
     slow_poll = settings.model_copy(update={"poll_seconds": 120.0})
     release = asyncio.Event()
     running: list[Any] = []
     async with running_worker(
         held_app(slow_poll, release, running), slow_poll, concurrency=3
     ) as worker:
+        run, _ = await service.submit("quick", {})
+        await wait_for_status(service, run.id, RunStatus.COMPLETED)
+        await parked(sql, worker.worker_id)
+        yield worker, release, running
+
+
+async def test_a_busy_worker_with_a_free_slot_is_pushed_the_next_run_too(
+    service: RunService, settings: Settings, sql: Conn
+) -> None:
+    async with parked_held_worker(service, settings, sql) as (worker, release, running):
         worker_id = worker.worker_id
-        await parked_after_a_run(service, sql, worker_id)
         first, _ = await service.submit("held", {})
         assert first.status is RunStatus.RUNNING
         await wait_until(lambda: running == [first.id], timeout=10, message="first started")
@@ -249,13 +255,7 @@ async def test_a_busy_worker_with_a_free_slot_is_pushed_the_next_run_too(
 async def test_a_worker_woken_by_a_notify_parks_when_its_claim_comes_back_short(
     service: RunService, settings: Settings, sql: Conn
 ) -> None:
-    slow_poll = settings.model_copy(update={"poll_seconds": 120.0})
-    release = asyncio.Event()
-    running: list[Any] = []
-    async with running_worker(
-        held_app(slow_poll, release, running), slow_poll, concurrency=3
-    ) as worker:
-        await parked_after_a_run(service, sql, worker.worker_id)
+    async with parked_held_worker(service, settings, sql) as (worker, release, running):
         # A keyed submit is never pushed: it waits pending and its NOTIFY
         # wakes the worker, whose claim takes it and comes back short.
         keyed, _ = await service.submit("held", {}, idempotency_key="k-1")
