@@ -48,6 +48,7 @@ rate.
 from __future__ import annotations
 
 import argparse
+import functools
 import asyncio
 import contextlib
 import json
@@ -454,6 +455,16 @@ def run(
     rounds: list[dict[str, Any]] = []
     peer_systems, skipped = wakeup_systems(peers if peers is not None else DEFAULT_PEERS)
     with bench_database("wakeup") as url:
+        # Every worker set-up is loaded alike; only the usual one's
+        # half-capacity load may be fixed (--load-rate).
+        under_load = functools.partial(
+            loaded_phases,
+            url,
+            cfg=cfg,
+            via=via,
+            load_tick_ms=load_tick_ms,
+            sweep_rates=sweep_rates,
+        )
         for rnd in range(runs):
             with runlane_workers(
                 url, MAIN_WORKERS, src=worker_src, listen_wait=cfg["listen_wait"]
@@ -471,15 +482,7 @@ def run(
                         f" {peer_idle[system.NAME]['latency']['p99_ms']:.2f} ms",
                         flush=True,
                     )
-                own = loaded_phases(
-                    url,
-                    workers,
-                    cfg,
-                    via=via,
-                    load_tick_ms=load_tick_ms,
-                    sweep_rates=sweep_rates,
-                    rate=load_rate,
-                )
+                own = under_load(workers, rate=load_rate)
                 cap, burn_down = own["capacity"], own["burn_down_capacity"]
                 loaded, sweep = own["loaded"], own["sweep"]
                 rate = loaded["rate"]
@@ -587,14 +590,7 @@ def run(
                 with runlane_workers(
                     url, setup, src=worker_src, listen_wait=cfg["listen_wait"]
                 ) as workers:
-                    rounds[-1]["other_workers"][setup.name] = measured = loaded_phases(
-                        url,
-                        workers,
-                        cfg,
-                        via=via,
-                        load_tick_ms=load_tick_ms,
-                        sweep_rates=sweep_rates,
-                    )
+                    rounds[-1]["other_workers"][setup.name] = measured = under_load(workers)
                 print(
                     f"round {rnd}: runlane {setup.name}: capacity {measured['capacity']:.0f}/s;"
                     + "; ".join(
