@@ -290,7 +290,9 @@ async def test_notify_wakes_an_idle_worker_before_its_poll(
         assert worker.listener is not None
         await asyncio.wait_for(worker.listener.connected.wait(), 10)
         await asyncio.sleep(0)  # let the claim loop go idle
-        run, _ = await service.submit("echo", {})
+        # A keyed submit is never pushed to a parked claim, so only its
+        # NOTIFY can start it before the 30 s poll.
+        run, _ = await service.submit("echo", {}, idempotency_key="k-1")
         await wait_for_status(service, run.id, RunStatus.COMPLETED, timeout=10)
         assert worker.wakeups_by_notify >= 1
 
