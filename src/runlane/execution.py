@@ -87,6 +87,10 @@ class Execution:
         # The run's status once its outcome is written; None while it is
         # not, or when the lease was lost before it could be.
         self.final: RunStatus | None = None
+        # From the first outcome write on: the fenced write then tells
+        # whether the lease still held, and a heartbeat that finds no
+        # lease may only have met the outcome's commit (see Heartbeat.renew).
+        self.writing_outcome = False
         self._timers: list[asyncio.TimerHandle] = []
 
     @property
@@ -264,6 +268,7 @@ class Execution:
     ) -> None:
         """Writes the outcome, retrying transient errors while the lease lasts."""
         error = redact(error)
+        self.writing_outcome = True
         delay = 0.05
         while not self.context.lease_lost:
             try:
@@ -310,6 +315,8 @@ class Execution:
             if self.final is None:
                 logger.warning("run %s: lease lost before %s was recorded", self.run_id, outcome)
                 self.context.mark_lease_lost()
+                if self._metrics is not None:
+                    self._metrics.leases_lost.inc()
             elif self._metrics is not None:
                 self._metrics.count_finished(str(outcome))
             return

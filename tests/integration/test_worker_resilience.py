@@ -228,3 +228,83 @@ async def test_errors_and_events_are_redacted_before_they_are_stored(
     assert "s3cr3t" not in str(done.error) and "[redacted]" in done.error["message"]
     events = await service.events(run.id)
     assert "abcdefghijklmnop" not in str(events[0].data)
+
+
+async def test_a_renewal_that_meets_a_written_outcome_loses_no_lease(
+    service: RunService,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A heartbeat tick that reaches the database just after a run's outcome
+    committed finds no lease: the run is done, not lost, while its handler's
+    task has yet to hear back from the outcome write."""
+    app = App(settings)
+
+    @app.agent("quick")
+    async def quick(ctx: RunContext) -> Any:
+        return "done"
+
+    async with running_worker(app, settings) as worker:
+        written, go_on = asyncio.Event(), asyncio.Event()
+        write_outcome = worker.completions.finish
+
+        async def finish_then_wait(finish: Any) -> RunStatus | None:
+            # The outcome is committed; its answer is held back, as a busy
+            # event loop or a slow read of the batch's answer would.
+            status = await write_outcome(finish)
+            written.set()
+            await go_on.wait()
+            return status
+
+        monkeypatch.setattr(worker.completions, "finish", finish_then_wait)
+        run, _ = await service.submit("quick", {})
+        await asyncio.wait_for(written.wait(), 10)
+        assert (await service.get(run.id)).status is RunStatus.COMPLETED
+        execution = worker.executions[run.id]
+        await worker.heartbeat.renew()
+        assert execution.stop_reason is None
+        assert not execution.context.lease_lost
+        go_on.set()
+        await wait_until(lambda: run.id not in worker.executions, message="run let go")
+        assert execution.final is RunStatus.COMPLETED
+        lost = worker.metrics.registry.get_sample_value("runlane_worker_leases_lost_total")
+        finished = worker.metrics.registry.get_sample_value(
+            "runlane_worker_attempts_finished_total", {"outcome": "completed"}
+        )
+    assert lost == 0
+    assert finished == 1
+    assert not [r for r in caplog.records if "lease" in r.getMessage()]
+
+
+async def test_an_outcome_write_that_finds_another_owner_counts_a_lost_lease(
+    service: RunService, settings: Settings, sql: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A long heartbeat: only the outcome write can find the lease gone.
+    settings = settings.model_copy(update={"heartbeat_seconds": 30.0, "lease_seconds": 90.0})
+    app = App(settings)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.agent("held")
+    async def held(ctx: RunContext) -> Any:
+        started.set()
+        await release.wait()
+        return "mine"
+
+    run, _ = await service.submit("held", {})
+    async with running_worker(app, settings) as worker:
+        await asyncio.wait_for(started.wait(), 10)
+        # Another owner's token, as after a reap and a claim elsewhere.
+        sql.execute(
+            "UPDATE runlane.runs SET lease_token = gen_random_uuid() WHERE id = %s", (run.id,)
+        )
+        sql.commit()
+        release.set()
+        await wait_until(lambda: run.id not in worker.executions, message="run let go")
+        lost = worker.metrics.registry.get_sample_value("runlane_worker_leases_lost_total")
+    assert lost == 1
+    current = await service.get(run.id)
+    assert current.status is RunStatus.RUNNING and current.output is None
+    assert [r.getMessage() for r in caplog.records if "lease" in r.getMessage()] == [
+        f"run {run.id}: lease lost before completed was recorded"
+    ]
