@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
-LINT_PATHS = ["src", "tests", "dev.py"]
+LINT_PATHS = ["src", "tests", "bench", "dev.py"]
 
 USAGE = """usage: python3 dev.py COMMAND [ARGS]
 

@@ -2,8 +2,9 @@
 
     python -m bench.procs --url URL --concurrency 50 --mode noop
 
-prints ``ready`` once the worker serves and runs until SIGTERM. Modes (the
-agent is always ``bench``):
+prints ``ready`` once the worker serves and runs until SIGTERM, and when it
+has stopped a last line, a JSON object of its lease counts (``lease_counts``;
+read back by ``read_lease_counts``). Modes (the agent is always ``bench``):
 
 - ``noop``: returns None at once (throughput).
 - ``stamp``: returns ``{"started": time.time(), "ended": time.time()}`` taken
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import random
 import signal
@@ -114,6 +116,28 @@ async def serve(args: argparse.Namespace) -> None:
     print("ready", flush=True)
     await stop.wait()
     await worker.stop(grace_seconds=1.0)
+    print(json.dumps(lease_counts(worker)), flush=True)
+
+
+def lease_counts(worker: Worker) -> dict[str, float]:
+    """What the worker's metrics counted of its leases: a lease lost under a
+    benchmark's load is a run that may run twice, and worth a look."""
+    sample = worker.metrics.registry.get_sample_value
+    return {
+        name: sample(f"runlane_worker_{metric}_total") or 0.0
+        for name, metric in (
+            ("leases_lost", "leases_lost"),
+            ("lease_renewals", "lease_renewals"),
+            ("heartbeat_failures", "heartbeat_failures"),
+        )
+    }
+
+
+def read_lease_counts(out: str) -> dict[str, float]:
+    """lease_counts from a worker's output after ``ready`` (empty if it
+    printed none: killed, or a checkout's worker from before they were)."""
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    return dict(json.loads(lines[-1])) if lines else {}
 
 
 def main() -> None:

@@ -162,6 +162,11 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert plotted == (importlib.util.find_spec("matplotlib") is not None)
         # The push floor has no loader: measured idle only.
         assert "sql-push-floor" not in first["peers_loaded"]
+        # runlane's worker reported its lease counts when it stopped: its
+        # heartbeat renewed the leases it held, and lost none.
+        counts = first["lease_counts"]
+        assert counts["leases_lost"] == 0 and counts["heartbeat_failures"] == 0
+        assert data["summary"]["leases_lost"] == 0
 
 
 def test_flush_stalls_stopped_by_ctrl_c_smoke(tmp_path: Path) -> None:
@@ -220,6 +225,9 @@ def test_wakeup_at_a_given_load_with_another_worker_smoke(bench_env: str, tmp_pa
         [other["capacity"] / 2, 100.0, 300.0]
     )
     assert data["workers"] == "1x10" and data["other_workers"] == ["2x3"]
+    # Both processes' lease counts, summed, beside the usual worker's.
+    assert set(other["lease_counts"]) == set(data["rounds"][0]["lease_counts"])
+    assert other["lease_counts"]["leases_lost"] == 0
     plotted = (tmp_path / "wakeup_loaded_sync_off.png").exists()
     assert plotted == (importlib.util.find_spec("matplotlib") is not None)
     assert data["rounds"][0]["peers_idle"]["sql-floor"]["latency"]["n"] > 0
