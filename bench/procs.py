@@ -124,12 +124,8 @@ def lease_counts(worker: Worker) -> dict[str, float]:
     benchmark's load is a run that may run twice, and worth a look."""
     sample = worker.metrics.registry.get_sample_value
     return {
-        name: sample(f"runlane_worker_{metric}_total") or 0.0
-        for name, metric in (
-            ("leases_lost", "leases_lost"),
-            ("lease_renewals", "lease_renewals"),
-            ("heartbeat_failures", "heartbeat_failures"),
-        )
+        name: sample(f"runlane_worker_{name}_total") or 0.0
+        for name in ("leases_lost", "lease_renewals", "heartbeat_failures")
     }
 
 

@@ -162,8 +162,8 @@ def test_figure_smoke(figure: str, bench_env: str, tmp_path: Path) -> None:
         assert plotted == (importlib.util.find_spec("matplotlib") is not None)
         # The push floor has no loader: measured idle only.
         assert "sql-push-floor" not in first["peers_loaded"]
-        # runlane's worker reported its lease counts when it stopped: its
-        # heartbeat renewed the leases it held, and lost none.
+        # runlane's worker reported its lease counts when it stopped: it
+        # lost no lease, and no heartbeat failed.
         counts = first["lease_counts"]
         assert counts["leases_lost"] == 0 and counts["heartbeat_failures"] == 0
         assert data["summary"]["leases_lost"] == 0
