@@ -92,11 +92,11 @@ class Heartbeat:
         for execution in held:
             state = alive.get(execution.run_id)
             if state is None:
-                # No lease left for an outcome being written is most often
-                # that outcome's own commit, which this renewal met before
-                # the write's answer was read: the fenced write tells a
-                # loss apart, and says it (Execution._finish).
-                if execution.final is None and not execution.writing_outcome:
+                # Once its outcome is being written (or written), a run's
+                # lease gone is most often that outcome's own commit, met
+                # before the write's answer was read: the fenced write
+                # tells a loss apart, and says it (Execution._finish).
+                if not execution.writing_outcome:
                     logger.warning(
                         "run %s: lease lost (another owner, or expired)", execution.run_id
                     )
