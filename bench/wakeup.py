@@ -405,8 +405,11 @@ def runlane_workers(
         time.sleep(listen_wait)  # let them LISTEN before the first run
         yield workers, counts
     finally:
-        for worker in workers:
-            for name, value in read_lease_counts(worker.stop_and_read()).items():
+        # Every worker stopped before any output is read: a count that
+        # cannot be read leaves no process behind.
+        outputs = [worker.stop_and_read() for worker in workers]
+        for out in outputs:
+            for name, value in read_lease_counts(out).items():
                 counts[name] = counts.get(name, 0.0) + value
 
 
